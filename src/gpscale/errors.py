@@ -1,0 +1,29 @@
+"""Exceptions raised by gpscale.
+
+Every error names what went wrong and what to change. ``ValueError`` subclasses are raised for bad
+input at public entry points; :class:`NumericalError` for a factorisation or solve that fails
+after the documented remedies (jitter escalation) were tried; :class:`NonFiniteLossError` when
+training produces a NaN or infinite loss.
+"""
+
+from __future__ import annotations
+
+
+class NumericalError(RuntimeError):
+    """A factorisation or solve failed; the message names the matrix, shape, dtype and jitter."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a non-finite loss.
+
+    Attributes:
+        epoch: the epoch (1-based) in which the loss became non-finite.
+        history: the :class:`gpscale.training.History` recorded up to that point.
+        checkpoint: path of the last good checkpoint, or ``None`` when none was written.
+    """
+
+    def __init__(self, message: str, *, epoch: int, history=None, checkpoint=None):
+        super().__init__(message)
+        self.epoch = epoch
+        self.history = history
+        self.checkpoint = checkpoint

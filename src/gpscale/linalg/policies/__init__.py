@@ -1,0 +1,1 @@
+"""gpscale.linalg.policies."""

@@ -1,0 +1,87 @@
+"""The Method contract every inference family implements.
+
+A method is a ``torch.nn.Module`` holding learnable parameters only. Everything computed from data
+is returned by :meth:`Method.condition` as a frozen dataclass (the *state*), which the loss and
+the predictive consume::
+
+    state = model.condition(x, y)      # differentiable, never mutates the model
+    loss = model.loss(state)           # scalar to minimise, per datum
+    with torch.no_grad():
+        pred = model.predict(model.condition(x, y), x_test)   # a Predictive
+
+Class attributes describe the method to the training loop, estimators and CLI:
+
+- ``task``: ``"regression"``, ``"classification"`` or ``"counts"`` (set per instance when a method
+  supports several, e.g. SVGP).
+- ``minibatch``: the loss on a minibatch is an unbiased estimate of the full loss, so the training
+  loop may iterate over batches; otherwise every step sees all the data.
+- ``needs_data_for_prediction``: prediction conditions on the training data (exact, SGPR, CaGP),
+  so a saved model must carry it.
+
+``options`` holds the resolved constructor options (JSON-like) from which the registry can build
+an identical, untrained module; ``gpscale.save``/``gpscale.load`` store it with the state dict.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from gpscale.distributions import Predictive, concat
+
+__all__ = ["Method", "predict_in_chunks"]
+
+
+class Method(nn.Module, ABC):
+    """Base class of every inference family (one level under ``nn.Module``)."""
+
+    key: ClassVar[str] = ""
+    minibatch: ClassVar[bool] = False
+    needs_data_for_prediction: ClassVar[bool] = True
+
+    def __init__(self, *, task: str = "regression", num_classes: int | None = None,
+                 options: dict[str, Any] | None = None):
+        super().__init__()
+        self.task = task
+        self.num_classes = num_classes
+        self.options: dict[str, Any] = dict(options or {})
+
+    @abstractmethod
+    def condition(self, x: Tensor, y: Tensor) -> Any:
+        """Everything computed from data, as a frozen dataclass; differentiable."""
+
+    @abstractmethod
+    def loss(self, state: Any) -> Tensor:
+        """The training objective for ``state``: a scalar to minimise, per datum."""
+
+    @abstractmethod
+    def predict(self, state: Any, x_test: Tensor) -> Predictive:
+        """Marginal predictive at ``x_test`` (t, d)."""
+
+    def extra_repr(self) -> str:
+        return f"task={self.task!r}, options={self.options}"
+
+
+def predict_in_chunks(predict_chunk, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
+    """Apply ``predict_chunk(x_chunk) -> Predictive`` over row chunks of ``x_test`` and join."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive; got {chunk_size}")
+    parts = [predict_chunk(x_test[i:i + chunk_size]) for i in range(0, x_test.shape[0], chunk_size)]
+    return parts[0] if len(parts) == 1 else concat(parts)
+
+
+def as_dtype(x: Tensor, ref: Tensor) -> Tensor:
+    """``x`` on the device and dtype of ``ref``."""
+    return x.to(device=ref.device, dtype=ref.dtype)
+
+
+def probit_binary_probs(mean: Tensor, variance: Tensor) -> Tensor:
+    """Bernoulli-logit class probabilities by the probit approximation (MacKay 1992).
+
+    p(y=1) ≈ sigmoid(mean / sqrt(1 + pi * variance / 8)); returns (t, 2).
+    """
+    p1 = torch.sigmoid(mean / torch.sqrt(1 + torch.pi * variance / 8))
+    return torch.stack([1 - p1, p1], -1)

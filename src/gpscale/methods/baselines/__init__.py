@@ -1,0 +1,1 @@
+"""Thin wrappers around GPyTorch's own models: exact, cggp, sgpr, svgp."""

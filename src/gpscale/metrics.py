@@ -1,0 +1,89 @@
+"""Evaluation metrics on plain tensors.
+
+Regression metrics take the predictive mean and variance of ``y`` (latent variance plus noise);
+classification metrics take class probabilities of shape (t, C). All return Python floats.
+
+=====================  =====================================================================
+``rmse``               :math:`\\sqrt{\\tfrac1t\\sum_j (y_j - \\mu_j)^2}`
+``gaussian_nll``       :math:`\\tfrac1t\\sum_j \\tfrac12[\\log 2\\pi s_j + (y_j-\\mu_j)^2/s_j]`
+``accuracy``           fraction of :math:`\\arg\\max_c p_{jc} = y_j`
+``multiclass_nll``     :math:`-\\tfrac1t\\sum_j \\log p_{j y_j}`
+``ece``                expected calibration error, 15 equal-width confidence bins
+``coverage_error``     :math:`|\\text{empirical coverage of the central 95\\% interval} - 0.95|`
+=====================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["rmse", "gaussian_nll", "accuracy", "multiclass_nll", "ece", "coverage_error"]
+
+
+def rmse(mean: Tensor, y: Tensor) -> float:
+    """Root mean squared error between a predictive mean (t,) and targets (t,)."""
+    _same_length(mean, y)
+    return float(torch.sqrt(torch.mean((y - mean) ** 2)))
+
+
+def gaussian_nll(mean: Tensor, variance: Tensor, y: Tensor) -> float:
+    """Mean negative log predictive density of ``y`` under N(mean, variance), per point.
+
+    Args:
+        mean: (t,) predictive mean of y.
+        variance: (t,) predictive variance of y (latent variance plus observation noise).
+        y: (t,) targets.
+    """
+    _same_length(mean, y)
+    if bool((variance <= 0).any()):
+        raise ValueError("gaussian_nll needs a strictly positive predictive variance")
+    nlpd = 0.5 * (torch.log(2 * math.pi * variance) + (y - mean) ** 2 / variance)
+    return float(nlpd.mean())
+
+
+def accuracy(probs: Tensor, y: Tensor) -> float:
+    """Fraction of points whose most probable class (argmax over the last axis) equals ``y``."""
+    _same_length(probs, y)
+    return float((probs.argmax(-1) == y.long()).double().mean())
+
+
+def multiclass_nll(probs: Tensor, y: Tensor, eps: float = 1e-12) -> float:
+    """Mean negative log probability of the true class; probabilities are floored at ``eps``."""
+    _same_length(probs, y)
+    p_true = probs.gather(-1, y.long().unsqueeze(-1)).squeeze(-1)
+    return float(-torch.log(p_true.clamp_min(eps)).mean())
+
+
+def ece(probs: Tensor, y: Tensor, num_bins: int = 15) -> float:
+    """Expected calibration error with ``num_bins`` equal-width confidence bins on [0, 1].
+
+    ECE = sum_b (|B_b| / t) * |acc(B_b) - conf(B_b)|, where a point falls in bin b when its top
+    probability lies in (b/num_bins, (b+1)/num_bins] (the first bin also takes 0).
+    """
+    _same_length(probs, y)
+    conf, pred = probs.max(-1)
+    correct = (pred == y.long()).double()
+    conf = conf.double()
+    bins = torch.clamp(torch.ceil(conf * num_bins).long() - 1, 0, num_bins - 1)
+    total = torch.zeros(num_bins, dtype=torch.float64, device=probs.device)
+    count = total.index_add(0, bins, torch.ones_like(conf))
+    sum_conf = total.index_add(0, bins, conf)
+    sum_acc = total.index_add(0, bins, correct)
+    gap = (sum_acc - sum_conf).abs()  # = count * |acc - conf| per bin
+    return float(gap.sum() / conf.numel())
+
+
+def coverage_error(mean: Tensor, variance: Tensor, y: Tensor, level: float = 0.95) -> float:
+    """|fraction of y inside the central ``level`` interval of N(mean, variance) - level|."""
+    _same_length(mean, y)
+    z = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(level, dtype=torch.float64)))
+    inside = (y - mean).abs() <= z * variance.sqrt()
+    return abs(float(inside.double().mean()) - level)
+
+
+def _same_length(a: Tensor, y: Tensor) -> None:
+    if a.shape[0] != y.shape[0]:
+        raise ValueError(f"predictions have {a.shape[0]} rows but targets have {y.shape[0]}")

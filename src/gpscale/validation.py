@@ -1,0 +1,68 @@
+"""Input checks run once, at public entry points (estimators, CLI, ``condition``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_x", "check_xy", "check_num_points", "TASKS"]
+
+TASKS = ("regression", "classification", "counts")
+
+
+def check_x(x: Tensor, *, num_dims: int | None = None, name: str = "X") -> Tensor:
+    """Check a 2-D, finite input array; with ``num_dims`` also its feature count."""
+    if x.dim() == 1:
+        raise ValueError(f"{name} must be 2-D (n, d); got a 1-D array of length {x.shape[0]}. "
+                         "Reshape a single feature with x.reshape(-1, 1).")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (n, d); got shape {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} has no rows")
+    if not torch.is_floating_point(x):
+        raise ValueError(f"{name} must be a floating-point tensor; got {x.dtype}")
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad.any(1)).flatten()[:5].tolist()
+        raise ValueError(f"{name} contains NaN or inf values (first rows: {rows}); "
+                         "remove or impute them before fitting")
+    if num_dims is not None and x.shape[1] != num_dims:
+        raise ValueError(f"{name} has {x.shape[1]} features, but the model was fitted with "
+                         f"{num_dims}")
+    return x
+
+
+def check_xy(x: Tensor, y: Tensor, *, task: str = "regression",
+             num_classes: int | None = None) -> tuple[Tensor, Tensor]:
+    """Check inputs and targets for ``task`` ('regression', 'classification' or 'counts')."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    check_x(x)
+    if y.dim() != 1:
+        raise ValueError(f"y must be 1-D (n,); got shape {tuple(y.shape)}")
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"X has {x.shape[0]} rows but y has {y.shape[0]} entries; "
+                         "they must have the same length")
+    yf = y.double()
+    if not bool(torch.isfinite(yf).all()):
+        raise ValueError("y contains NaN or inf values; remove or impute them before fitting")
+    if task == "classification":
+        if bool((yf != yf.round()).any()) or bool((yf < 0).any()):
+            raise ValueError("classification labels must be integers in 0..C-1")
+        if num_classes is not None and bool((yf > num_classes - 1).any()):
+            raise ValueError(f"labels must lie in 0..{num_classes - 1} for {num_classes} "
+                             f"classes; found label {int(yf.max())}")
+    if task == "counts":
+        if bool((yf < 0).any()):
+            raise ValueError("count targets must be non-negative; found "
+                             f"{float(yf.min())}")
+        if bool((yf != yf.round()).any()):
+            raise ValueError("count targets must be integers for a Poisson likelihood")
+    return x, y
+
+
+def check_num_points(n: int, needed: int, what: str) -> None:
+    """Raise when there are fewer training points than ``needed`` (inducing points, actions)."""
+    if n < needed:
+        raise ValueError(f"{n} training points are fewer than the {needed} {what}; "
+                         f"use at most {n} {what} or more data")

@@ -1,0 +1,43 @@
+"""Shared fixtures: float64 by default, a seeded generator, tiny problems, data location."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(autouse=True)
+def _float64_default():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+@pytest.fixture
+def generator() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture
+def toy_regression(generator):
+    """n = 40, d = 2 smooth regression problem in float64."""
+    x = torch.rand(40, 2, generator=generator, dtype=torch.float64) * 4 - 2
+    y = torch.sin(x[:, 0]) + 0.5 * torch.cos(2 * x[:, 1])
+    y = y + 0.1 * torch.randn(40, generator=generator, dtype=torch.float64)
+    return x, y
+
+
+@pytest.fixture
+def data_root() -> Path:
+    """The shared data folder ($GPSCALE_DATA, first entry); skips when absent."""
+    entries = [p for p in os.environ.get("GPSCALE_DATA", "").split(os.pathsep) if p]
+    for entry in entries:
+        if (Path(entry) / "uci").is_dir():
+            return Path(entry)
+    pytest.skip("shared data not found: set GPSCALE_DATA=../shared/data")
