@@ -69,7 +69,6 @@ def ece(probs: Tensor, y: Tensor, num_bins: int = 15) -> float:
     conf = conf.double()
     bins = torch.clamp(torch.ceil(conf * num_bins).long() - 1, 0, num_bins - 1)
     total = torch.zeros(num_bins, dtype=torch.float64, device=probs.device)
-    count = total.index_add(0, bins, torch.ones_like(conf))
     sum_conf = total.index_add(0, bins, conf)
     sum_acc = total.index_add(0, bins, correct)
     gap = (sum_acc - sum_conf).abs()  # = count * |acc - conf| per bin

@@ -65,7 +65,10 @@ def build(key: str, num_dims: int, *, task: str = "regression", num_classes: int
     if task not in spec.tasks:
         raise ValueError(f"method {key!r} does not support task {task!r}; it supports "
                          f"{', '.join(spec.tasks)}")
-    return spec.factory(num_dims, task=task, num_classes=num_classes, init=init, **options)
+    model = spec.factory(num_dims, task=task, num_classes=num_classes, init=init, **options)
+    model.method_key = key
+    model.num_dims = num_dims
+    return model
 
 
 def _load_builtin() -> None:

@@ -1,0 +1,240 @@
+"""``fit``: the one training loop of gpscale.
+
+It knows nothing about any method: it minimises ``loss_fn(model, x_batch, y_batch)`` with Adam or
+L-BFGS, over minibatches or the full data, under epoch and wall-clock budgets, and records a
+:class:`History`. Evaluation callbacks run outside the training clock. With a checkpoint path it
+writes the model, optimiser, scheduler, history and shuffling-generator state atomically, and a
+later call with the same path resumes where the earlier one stopped. A non-finite loss stops
+training: the model is restored to the last good parameters and ``NonFiniteLossError`` is raised
+carrying the history and the last checkpoint (which is never overwritten by a bad state).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from gpscale.errors import NonFiniteLossError
+from gpscale.training.config import FitConfig
+from gpscale.training.history import History
+
+__all__ = ["fit", "default_loss"]
+
+log = logging.getLogger("gpscale.training")
+LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
+
+
+def default_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """The Method contract's loss: ``model.loss(model.condition(x, y))``."""
+    return model.loss(model.condition(x, y))
+
+
+@dataclass
+class _Run:
+    """Mutable bookkeeping of one ``fit`` call."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    generator: torch.Generator
+    history: History
+    start_epoch: int = 1
+    time_offset: float = 0.0
+
+
+def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
+        config: FitConfig | None = None, callbacks: Sequence[Any] = ()) -> History:
+    """Train ``model`` in place and return its :class:`History`.
+
+    Args:
+        model: the module whose parameters are optimised.
+        loss_fn: ``(model, x_batch, y_batch) -> scalar`` to minimise; ``None`` uses
+            :func:`default_loss` (the Method contract).
+        data: training inputs (n, d) and targets (n,).
+        config: optimisation options (:class:`FitConfig`); defaults when ``None``.
+        callbacks: objects with ``on_epoch_end(model, epoch, row, final=False)`` returning
+            metrics to record (see ``training.callbacks``).
+
+    Returns:
+        The history, one row per epoch: ``epoch``, ``time_s`` (cumulative training time,
+        evaluation excluded), ``loss`` (mean over the epoch's batches), ``lr`` and any metrics.
+
+    Raises:
+        NonFiniteLossError: the loss became NaN or infinite; the model holds the last good
+            parameters, the checkpoint file (if any) the last good state.
+        ValueError: no trainable parameters or mismatched data.
+    """
+    config = config or FitConfig()
+    loss_fn = loss_fn or default_loss
+    x, y = data
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    run = _start(model, params, config)
+    ckpt = Path(config.checkpoint) if config.checkpoint else None
+    if ckpt is not None and config.resume and ckpt.exists():
+        _load_checkpoint(ckpt, model, run)
+        log.info("resumed from %s at epoch %d", ckpt, run.start_epoch)
+    history = run.history
+    clock = run.time_offset
+    bar = tqdm(total=config.epochs, initial=run.start_epoch - 1, disable=not _show(config),
+               desc="fit", unit="epoch", file=sys.stderr, dynamic_ncols=True)
+    history.stopped = "running"
+    try:
+        for epoch in range(run.start_epoch, config.epochs + 1):
+            good = copy.deepcopy(model.state_dict())
+            tic = time.perf_counter()
+            loss = _epoch(model, loss_fn, x, y, config, run)
+            clock += time.perf_counter() - tic
+            if not math.isfinite(loss):
+                model.load_state_dict(good)
+                history.stopped = "non-finite"
+                raise NonFiniteLossError(
+                    f"the training loss became {loss} in epoch {epoch}; the model keeps the "
+                    f"parameters of epoch {epoch - 1}"
+                    + (f" and the last checkpoint is {ckpt}" if ckpt and ckpt.exists() else "")
+                    + ". Lower the learning rate or use float64.",
+                    epoch=epoch, history=history,
+                    checkpoint=str(ckpt) if ckpt and ckpt.exists() else None)
+            row = {"epoch": epoch, "time_s": clock, "loss": loss,
+                   "lr": run.optimizer.param_groups[0]["lr"]}
+            if run.scheduler is not None:
+                run.scheduler.step()
+            out_of_time = config.max_time is not None and clock >= config.max_time
+            last = epoch == config.epochs or out_of_time
+            _run_callbacks(callbacks, model, epoch, row, final=last)
+            history.append(row)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4g}")
+            if ckpt is not None and (epoch % config.checkpoint_every == 0 or last):
+                _save_checkpoint(ckpt, model, run, epoch, clock)
+            if out_of_time:
+                history.stopped = "time"
+                break
+        else:
+            history.stopped = "epochs"
+    finally:
+        bar.close()
+    return history
+
+
+def _start(model: nn.Module, params: list[nn.Parameter], config: FitConfig) -> _Run:
+    if config.optimizer == "adam":
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=config.lr)
+    else:
+        optimizer = torch.optim.LBFGS(params, lr=config.lr, max_iter=config.lbfgs_max_iter,
+                                      line_search_fn="strong_wolfe")
+    scheduler = None
+    if config.scheduler == "linear":
+        scheduler = torch.optim.lr_scheduler.LinearLR(
+            optimizer, start_factor=1.0, end_factor=config.lr_end_factor,
+            total_iters=config.epochs)
+    generator = torch.Generator().manual_seed(config.seed)
+    return _Run(optimizer, scheduler, generator, History())
+
+
+def _batches(n: int, batch_size: int | None, generator: torch.Generator) -> Iterator[Tensor | None]:
+    if batch_size is None or batch_size >= n:
+        yield None
+        return
+    order = torch.randperm(n, generator=generator)
+    yield from order.split(batch_size)
+
+
+def _epoch(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, config: FitConfig,
+           run: _Run) -> float:
+    """One pass over the data; returns the mean loss (NaN/inf as soon as one batch is)."""
+    model.train()
+    total, count = 0.0, 0
+    for idx in _batches(x.shape[0], config.batch_size, run.generator):
+        xb, yb = (x, y) if idx is None else (x[idx.to(x.device)], y[idx.to(y.device)])
+        value = _step(model, loss_fn, xb, yb, config, run.optimizer)
+        if not math.isfinite(value):
+            return value
+        total += value * xb.shape[0]
+        count += xb.shape[0]
+    return total / count
+
+
+def _step(model: nn.Module, loss_fn: LossFn, xb: Tensor, yb: Tensor, config: FitConfig,
+          optimizer: torch.optim.Optimizer) -> float:
+    first: list[float] = []
+
+    def closure() -> Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model, xb, yb)
+        if not torch.isfinite(loss):
+            first.append(float(loss.detach()))
+            return loss
+        loss.backward()
+        if config.grad_clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        if not first:
+            first.append(float(loss.detach()))
+        return loss
+
+    if config.optimizer == "lbfgs":
+        optimizer.step(closure)
+        # L-BFGS evaluates the loss several times; report the value at the new parameters.
+        with torch.no_grad():
+            return float(loss_fn(model, xb, yb)) if math.isfinite(first[0]) else first[0]
+    loss = closure()
+    if torch.isfinite(loss):
+        optimizer.step()
+    return float(loss.detach())
+
+
+def _run_callbacks(callbacks: Sequence[Any], model: nn.Module, epoch: int, row: dict[str, Any],
+                   *, final: bool) -> None:
+    model.eval()
+    for cb in callbacks:
+        extra = cb.on_epoch_end(model, epoch, row, final=final)
+        if extra:
+            row.update(extra)
+
+
+def _show(config: FitConfig) -> bool:
+    if config.progress is not None:
+        return config.progress
+    return sys.stderr.isatty()
+
+
+def _save_checkpoint(path: Path, model: nn.Module, run: _Run, epoch: int, clock: float) -> None:
+    state = {
+        "epoch": epoch,
+        "time_s": clock,
+        "model": model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
+        "generator": run.generator.get_state(),
+        "history": run.history.state_dict(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Path, model: nn.Module, run: _Run) -> None:
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    if run.scheduler is not None and state["scheduler"] is not None:
+        run.scheduler.load_state_dict(state["scheduler"])
+    run.generator.set_state(state["generator"])
+    run.history = History.from_state_dict(state["history"])
+    run.start_epoch = int(state["epoch"]) + 1
+    run.time_offset = float(state["time_s"])
