@@ -1,0 +1,52 @@
+"""Benchmark report writing and the peak-memory helper."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from gpscale.benchmarks.memory import peak_memory_mb
+from gpscale.benchmarks.report import markdown_table, write_results
+
+
+def _allocate(mb: int) -> int:
+    import torch
+
+    t = torch.ones(mb * 2**20 // 8, dtype=torch.float64)
+    return int(t.numel())
+
+
+def test_markdown_table_formats_numbers():
+    table = markdown_table([{"a": 1, "b": 0.123456}, {"a": 2, "b": 12345678.0}])
+    lines = table.splitlines()
+    assert lines[0] == "| a | b |"
+    assert lines[2] == "| 1 | 0.1235 |"
+    assert lines[3] == "| 2 | 1.23e+07 |"
+
+
+def test_write_results_files(tmp_path):
+    rows = [{"method": "x", "rmse": 0.5}, {"method": "y", "rmse": 0.25}]
+    report = write_results(tmp_path, "demo", rows, notes="hello")
+    assert [r["rmse"] for r in csv.DictReader(open(tmp_path / "results.csv"))] == ["0.5", "0.25"]
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert json.loads(lines[1])["suite"] == "demo"
+    text = report.read_text()
+    assert "| y | 0.25 |" in text and "hello" in text and "machine:" in text
+
+
+def test_peak_memory_sees_an_allocation():
+    """A 200 MB tensor allocated in the child shows up as ≥ 190 MB of peak growth."""
+    mb, result = peak_memory_mb(_allocate, 200)
+    assert result == 200 * 2**20 // 8
+    assert 190 <= mb < 400
+
+
+def test_peak_memory_reports_child_errors():
+    with pytest.raises(RuntimeError, match="ValueError"):
+        peak_memory_mb(_fail)
+
+
+def _fail():
+    raise ValueError("boom")
