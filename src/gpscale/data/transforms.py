@@ -1,0 +1,152 @@
+"""Standardisation of inputs and targets with training statistics only.
+
+The statistics are computed on the training rows and then applied, unchanged, to any other rows
+(test points, new inputs at predict time), so nothing about the test set leaks into the model.
+
+Notation: inputs ``x`` (n, d), targets ``y`` (n,). A column is *constant* when all its training
+values are equal; such a column carries no information for a stationary kernel and would give a
+zero standard deviation, so it is dropped and ``kept_columns`` records which columns remain.
+
+Standard deviations use the population formula (``correction=0``), so the standardised training
+columns have mean 0 and standard deviation exactly 1 under that same definition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from gpscale.typing import Float, Tensor
+
+__all__ = ["Standardizer"]
+
+
+@dataclass(frozen=True)
+class Standardizer:
+    r"""Affine maps :math:`\tilde x = (x_{:,K} - \mu_x)/s_x` and :math:`\tilde y = (y - \mu_y)/s_y`.
+
+    The statistics are stored as tuples of Python floats, so the object is hashable, comparable
+    and JSON-able; every method builds tensors with the dtype and device of its argument.
+
+    Attributes:
+        x_mean: training means of the kept columns, length d_kept.
+        x_std: training standard deviations of the kept columns, length d_kept.
+        kept_columns: indices (into the original d columns) of the non-constant columns.
+        num_input_dims: d, the number of columns before dropping.
+        y_mean: training mean of y (0.0 when y is not standardised).
+        y_std: training standard deviation of y (1.0 when y is not standardised).
+
+    Example:
+        >>> x = torch.tensor([[1.0, 5.0], [3.0, 5.0]])
+        >>> t = Standardizer.fit(x, torch.tensor([0.0, 2.0]))
+        >>> t.kept_columns, t.transform_x(x).flatten().tolist()
+        ((0,), [-1.0, 1.0])
+    """
+
+    x_mean: tuple[float, ...]
+    x_std: tuple[float, ...]
+    kept_columns: tuple[int, ...]
+    num_input_dims: int
+    y_mean: float = 0.0
+    y_std: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (len(self.x_mean) == len(self.x_std) == len(self.kept_columns)):
+            raise ValueError("x_mean, x_std and kept_columns must have the same length; got "
+                             f"{len(self.x_mean)}, {len(self.x_std)}, {len(self.kept_columns)}")
+        if any(s <= 0 for s in self.x_std) or self.y_std <= 0:
+            raise ValueError("standard deviations must be positive")
+        if any(not 0 <= j < self.num_input_dims for j in self.kept_columns):
+            raise ValueError(f"kept_columns must lie in 0..{self.num_input_dims - 1}")
+
+    @classmethod
+    def fit(cls, x: Float[Tensor, "n d"], y: Float[Tensor, " n"] | None = None, *,
+            standardize_y: bool = True) -> Standardizer:
+        """Compute the statistics from training data.
+
+        Args:
+            x: training inputs, shape (n, d).
+            y: training targets, shape (n,), or ``None``.
+            standardize_y: when ``False`` (or ``y`` is ``None``) the target map is the identity,
+                as for class labels and counts.
+
+        Returns:
+            The fitted standardiser.
+
+        Raises:
+            ValueError: when x is not 2-D, has fewer than 2 rows or non-finite values, when every
+                column is constant, or when y is standardised but constant.
+        """
+        if x.dim() != 2 or x.shape[0] < 2:
+            raise ValueError(f"x must have shape (n, d) with n >= 2; got {tuple(x.shape)}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("x contains NaN or inf values; remove or impute them first")
+        xd = x.detach().to(torch.float64)
+        keep = (xd.amax(0) != xd.amin(0)).nonzero().flatten()  # (d_kept,)
+        if keep.numel() == 0:
+            raise ValueError(f"all {x.shape[1]} input columns are constant on the training set")
+        mean = xd[:, keep].mean(0)
+        std = xd[:, keep].std(0, correction=0)
+        y_mean, y_std = 0.0, 1.0
+        if y is not None and standardize_y:
+            yd = y.detach().to(torch.float64)
+            if yd.shape != (x.shape[0],):
+                raise ValueError(f"y must have shape ({x.shape[0]},); got {tuple(y.shape)}")
+            y_mean, y_std = float(yd.mean()), float(yd.std(correction=0))
+            if not y_std > 0:
+                raise ValueError("y is constant (or non-finite) on the training set; "
+                                 "pass standardize_y=False to keep it as is")
+        return cls(x_mean=tuple(mean.tolist()), x_std=tuple(std.tolist()),
+                   kept_columns=tuple(keep.tolist()), num_input_dims=x.shape[1],
+                   y_mean=y_mean, y_std=y_std)
+
+    @property
+    def num_dims(self) -> int:
+        """Number of columns after dropping the constant ones."""
+        return len(self.kept_columns)
+
+    @property
+    def dropped_columns(self) -> tuple[int, ...]:
+        """Indices of the columns that were constant on the training set."""
+        kept = set(self.kept_columns)
+        return tuple(j for j in range(self.num_input_dims) if j not in kept)
+
+    def transform_x(self, x: Float[Tensor, "n d"]) -> Float[Tensor, "n k"]:
+        """Drop the constant columns and standardise: (n, d) -> (n, d_kept)."""
+        if x.dim() != 2 or x.shape[1] != self.num_input_dims:
+            raise ValueError(f"x must have shape (n, {self.num_input_dims}); "
+                             f"got {tuple(x.shape)}")
+        kept = torch.tensor(self.kept_columns, dtype=torch.long, device=x.device)
+        mean = torch.tensor(self.x_mean, dtype=x.dtype, device=x.device)
+        std = torch.tensor(self.x_std, dtype=x.dtype, device=x.device)
+        return (x.index_select(1, kept) - mean) / std
+
+    def transform_y(self, y: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+        """Standardise targets: (y - y_mean) / y_std, any shape."""
+        return (y - self.y_mean) / self.y_std
+
+    def inverse_mean(self, mu: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+        """Map a predictive mean back to the original target scale: mu * y_std + y_mean."""
+        return mu * self.y_std + self.y_mean
+
+    def inverse_variance(self, var: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+        """Map a predictive variance back to the original target scale: var * y_std²."""
+        return var * self.y_std**2
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (lists and floats) that :meth:`from_dict` turns back into ``self``."""
+        out = asdict(self)
+        for key in ("x_mean", "x_std", "kept_columns"):
+            out[key] = list(out[key])
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Standardizer:
+        """Inverse of :meth:`to_dict`."""
+        return cls(x_mean=tuple(float(v) for v in data["x_mean"]),
+                   x_std=tuple(float(v) for v in data["x_std"]),
+                   kept_columns=tuple(int(v) for v in data["kept_columns"]),
+                   num_input_dims=int(data["num_input_dims"]),
+                   y_mean=float(data["y_mean"]), y_std=float(data["y_std"]))
