@@ -1,0 +1,186 @@
+"""One training run on one dataset: the harness behind ``gpscale fit`` and every benchmark suite.
+
+``run(RunSpec(...))`` loads the data (standardised with training statistics), builds the method
+through the registry, trains it with ``training.fit`` (test metrics every ``eval_every`` epochs,
+outside the training clock), evaluates the final model and, with ``out``, writes
+``metrics.json``, ``history.csv``, ``history.json`` and ``model.pt`` there. All metrics are on the
+standardised target scale, as the papers report them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpscale.data import Dataset, load_csv, load_dataset
+from gpscale.distributions import Predictive
+from gpscale.errors import NonFiniteLossError
+from gpscale.io import save
+from gpscale.methods.base import Method
+from gpscale.methods.registry import build, get_spec
+from gpscale.training import Evaluate, FitConfig, History, fit, resolve_fit_config
+
+__all__ = ["RunSpec", "RunResult", "run", "load_data", "predict_test"]
+
+log = logging.getLogger("gpscale.benchmarks")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to train and how; ``None`` fields take the method's defaults.
+
+    Attributes:
+        method: registry key (``gpscale methods`` lists them).
+        dataset: dataset name (``gpscale datasets``); or ``csv`` with ``target``.
+        csv: path of a user CSV file (instead of ``dataset``).
+        target: the CSV's target column (name or index).
+        task: task of a CSV dataset (regression, classification, counts).
+        split, seed: data split and seed (seed also drives initialisation and shuffling).
+        epochs, lr, batch_size, optimizer, max_time, scheduler: training overrides.
+        eval_every: epochs between test evaluations during training; 0 evaluates only at the end.
+        dtype: ``"float32"`` or ``"float64"``; ``None`` takes the method's default.
+        options: method options (``num_inducing``, ``kernel``, ...).
+        dataset_options: keyword arguments for the dataset loader (e.g. ``n`` of a generator).
+        out: folder for metrics.json, history.csv/json and model.pt.
+        checkpoint: checkpoint path; a killed run resumes from it.
+        progress: progress bar (``None``: only on a terminal).
+    """
+
+    method: str
+    dataset: str | None = None
+    csv: str | None = None
+    target: str | None = None
+    task: str = "regression"
+    split: int = 0
+    seed: int = 0
+    epochs: int | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    optimizer: str | None = None
+    max_time: float | None = None
+    scheduler: str | None = None
+    eval_every: int = 0
+    dtype: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    out: str | None = None
+    checkpoint: str | None = None
+    progress: bool | None = None
+
+    def __post_init__(self):
+        if (self.dataset is None) == (self.csv is None):
+            raise ValueError("give exactly one of a dataset name or a CSV file")
+        if self.csv is not None and self.target is None:
+            raise ValueError("a CSV file needs --target COLUMN (a name or an index)")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be ≥ 0; got {self.eval_every}")
+        get_spec(self.method)  # unknown method: ValueError listing valid ones
+
+
+@dataclass
+class RunResult:
+    """Metrics, history and the trained model of one run."""
+
+    metrics: dict[str, Any]
+    history: History
+    model: Method
+    data: Dataset
+
+
+def load_data(spec: RunSpec) -> Dataset:
+    if spec.csv is not None:
+        target: str | int = int(spec.target) if str(spec.target).isdigit() else spec.target
+        return load_csv(spec.csv, target, task=spec.task, seed=spec.split)
+    return load_dataset(spec.dataset, split=spec.split, seed=spec.seed, **spec.dataset_options)
+
+
+def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
+    """The method's default training options with the spec's overrides applied."""
+    return resolve_fit_config(
+        get_spec(spec.method).fit_defaults, num_train, dtype=spec.dtype, epochs=spec.epochs,
+        lr=spec.lr, batch_size=spec.batch_size, optimizer=spec.optimizer,
+        max_time=spec.max_time, scheduler=spec.scheduler, seed=spec.seed,
+        checkpoint=spec.checkpoint, progress=spec.progress, eval_every=spec.eval_every or None)
+
+
+def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,
+                 x_test: torch.Tensor) -> Predictive:
+    """Condition on the training data and predict at ``x_test`` without gradients."""
+    with torch.no_grad():
+        return model.predict(model.condition(x, y), x_test)
+
+
+def run(spec: RunSpec) -> RunResult:
+    """Train and evaluate ``spec.method`` on the spec's data; see the module docstring."""
+    data = load_data(spec)
+    config, dtype = fit_config(spec, data.num_train)
+    x, x_test = data.x_train.to(dtype), data.x_test.to(dtype)
+    y = data.y_train.to(dtype) if data.task != "classification" else data.y_train
+    with torch.random.fork_rng():
+        torch.manual_seed(spec.seed)
+        model = build(spec.method, data.num_dims, task=data.task, num_classes=data.num_classes,
+                      init=(x, y), **spec.options)
+        model.to(dtype)
+        callbacks = []
+        if spec.eval_every:
+            callbacks.append(Evaluate(lambda m: predict_test(m, x, y, x_test), data.y_test,
+                                      every=spec.eval_every))
+        try:
+            history = fit(model, None, (x, y), config, callbacks)
+        except NonFiniteLossError as err:
+            _write_partial(spec, err.history)
+            raise
+    tic = time.perf_counter()
+    pred = predict_test(model, x, y, x_test)
+    metrics: dict[str, Any] = {
+        "method": spec.method, "dataset": data.name, "n_train": data.num_train,
+        "n_test": data.num_test, "num_dims": data.num_dims, **pred.metrics(data.y_test),
+        "train_time_s": history.train_time, "epochs": history.epochs,
+        "time_per_epoch_s": history.train_time / max(history.epochs, 1),
+        "predict_time_s": time.perf_counter() - tic, "stopped": history.stopped,
+        "noise": _noise(pred),
+    }
+    if spec.out is not None:
+        _write(spec, metrics, history, model, data, (x, y))
+    return RunResult(metrics, history, model, data)
+
+
+def _noise(pred: Predictive) -> float | None:
+    return None if pred.noise is None else float(pred.noise.double().mean())
+
+
+def _write(spec: RunSpec, metrics: dict[str, Any], history: History, model: Method,
+           data: Dataset, train: tuple[torch.Tensor, torch.Tensor]) -> None:
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    history.to_csv(out / "history.csv")
+    history.to_json(out / "history.json")
+    transform = None if data.transform is None else data.transform.to_dict()
+    info = {"spec": asdict(spec), "metrics": metrics, "dataset": data.name,
+            "task": data.task, "num_classes": data.num_classes,
+            "classes": data.info.get("classes"), "num_features": _raw_num_features(data)}
+    save(model, out / "model.pt", data=train, transform=transform, info=info)
+    log.info("wrote %s", out)
+
+
+def _write_partial(spec: RunSpec, history: History | None) -> None:
+    if spec.out is None or history is None:
+        return
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    history.to_csv(out / "history.csv")
+    history.to_json(out / "history.json")
+
+
+def _raw_num_features(data: Dataset) -> int | None:
+    """Columns of the raw inputs before constant columns were dropped (None if unknown)."""
+    if data.transform is None:
+        return data.num_dims
+    return data.transform.num_input_dims
