@@ -1,0 +1,47 @@
+"""Benchmark suites by name: ``gpscale bench SUITE`` runs ``SUITES[SUITE]``.
+
+A suite's ``run(out_dir, quick=...)`` trains and measures, writes ``results.csv``,
+``results.jsonl``, ``report.md`` (and PNG plots where it has them) into ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Suite", "SUITES", "run_suite"]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A named benchmark: ``module`` provides ``run(out_dir, *, quick=False)``."""
+
+    name: str
+    module: str
+    summary: str
+
+    def runner(self) -> Callable[..., object]:
+        return importlib.import_module(self.module).run
+
+
+SUITES: dict[str, Suite] = {
+    s.name: s for s in [
+        Suite("peers", "gpscale.benchmarks.peers",
+              "GPyTorch exact/SGPR/SVGP on Parkinsons, Elevators, Bike, Protein (split 0)"),
+        Suite("kernels", "gpscale.benchmarks.kernels",
+              "matrix-free kernel-product throughput vs GEMM roofline; peak memory at n=40k"),
+    ]
+}
+
+
+def run_suite(name: str, out_dir: str | Path, *, quick: bool = False) -> Path:
+    """Run suite ``name`` into ``out_dir``; returns the path of its ``report.md``."""
+    if name not in SUITES:
+        raise ValueError(f"unknown benchmark suite {name!r}; valid suites: "
+                         f"{', '.join(SUITES)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    SUITES[name].runner()(out, quick=quick)
+    return out / "report.md"

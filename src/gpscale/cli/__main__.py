@@ -1,0 +1,196 @@
+"""``gpscale`` command line: demo | fit | predict | bench | datasets | methods.
+
+This module only parses flags into dataclasses and calls the layers below; it is also the one
+place that reads environment variables (``GPSCALE_DATA`` is read by ``gpscale.data.search_path``,
+``GPSCALE_THREADS`` here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["main", "build_parser"]
+
+
+def _option(text: str) -> tuple[str, Any]:
+    """Parse ``key=value`` with the value read as JSON when it parses (numbers, true, lists)."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.replace("-", "_"), value
+
+
+def _add_fit_flags(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dataset", help="dataset name (see `gpscale datasets`)")
+    src.add_argument("--data", help="a CSV file of your own (with --target)")
+    p.add_argument("--target", help="target column of --data: a header name or an index")
+    p.add_argument("--task", default="regression",
+                   choices=["regression", "classification", "counts"], help="task of --data")
+    p.add_argument("--method", required=True, help="method key (see `gpscale methods`)")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--optimizer", choices=["adam", "lbfgs"])
+    p.add_argument("--scheduler", choices=["linear", "none"])
+    p.add_argument("--max-time", type=float, help="training budget in seconds")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="evaluate on the test set every K epochs (0: only at the end)")
+    p.add_argument("--dtype", choices=["float32", "float64"])
+    p.add_argument("--split", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/fit", help="output folder (default runs/fit)")
+    p.add_argument("--checkpoint", help="checkpoint file; a killed run resumes from it")
+    p.add_argument("--option", "-o", action="append", type=_option, default=[],
+                   metavar="KEY=VALUE", help="method option, e.g. -o num_inducing=1024")
+    p.add_argument("--data-option", action="append", type=_option, default=[],
+                   metavar="KEY=VALUE", help="dataset option, e.g. --data-option n=100000")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpscale", description="Scalable Gaussian processes: train, predict, benchmark.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="fit a scalable method and a baseline on synthetic data")
+    demo.add_argument("--out", default="runs/demo")
+    demo.add_argument("--quick", action="store_true", help="smaller data, fewer epochs")
+
+    fitp = sub.add_parser("fit", help="train a method on a dataset and write metrics and model")
+    _add_fit_flags(fitp)
+
+    pred = sub.add_parser("predict", help="predict with a saved model on a CSV file")
+    pred.add_argument("--model", required=True, help="model.pt written by `gpscale fit`")
+    pred.add_argument("--data", required=True, help="CSV file of inputs")
+    pred.add_argument("--target", help="a column to drop from the CSV (its target), if present")
+    pred.add_argument("--out", help="write predictions here (CSV); default stdout")
+
+    bench = sub.add_parser("bench", help="run a benchmark suite")
+    bench.add_argument("suite", help="suite name (`gpscale bench list` lists them)")
+    bench.add_argument("--out", help="output folder (default runs/bench-SUITE)")
+    bench.add_argument("--quick", action="store_true", help="a small smoke-test version")
+
+    ds = sub.add_parser("datasets", help="list datasets, or download one")
+    ds_sub = ds.add_subparsers(dest="action")
+    ds_sub.add_parser("list", help="list datasets (the default)")
+    dl = ds_sub.add_parser("download", help="download a dataset into the cache")
+    dl.add_argument("name")
+    dl.add_argument("--cache-dir", help="default ~/.cache/gpscale")
+    dl.add_argument("--url", action="append", default=None,
+                    help="override the source URL (one per file, in the registry's order)")
+    dl.add_argument("--force", action="store_true")
+
+    sub.add_parser("methods", help="list method keys")
+    return parser
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from gpscale.benchmarks.runner import RunSpec, run
+
+    spec = RunSpec(
+        method=args.method, dataset=args.dataset, csv=args.data, target=args.target,
+        task=args.task, split=args.split, seed=args.seed, epochs=args.epochs, lr=args.lr,
+        batch_size=args.batch_size, optimizer=args.optimizer, max_time=args.max_time,
+        scheduler=args.scheduler, eval_every=args.eval_every, dtype=args.dtype,
+        options=dict(args.option), dataset_options=dict(args.data_option), out=args.out,
+        checkpoint=args.checkpoint, progress=False if args.no_progress else None)
+    result = run(spec)
+    print(json.dumps(result.metrics, indent=2))
+    print(f"wrote {args.out}/metrics.json, history.csv and model.pt", file=sys.stderr)
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from gpscale.benchmarks.predict import predict_csv
+
+    table = predict_csv(args.model, args.data, target=args.target)
+    text = table.to_csv()
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {len(table)} predictions to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from gpscale.benchmarks.registry import SUITES, run_suite
+
+    if args.suite == "list":
+        for name, suite in SUITES.items():
+            print(f"{name:12s} {suite.summary}")
+        return 0
+    report = run_suite(args.suite, args.out or f"runs/bench-{args.suite}", quick=args.quick)
+    print(report.read_text())
+    return 0
+
+
+def _cmd_datasets(args: argparse.Namespace) -> int:
+    from gpscale.data import download, list_datasets
+
+    if args.action == "download":
+        path = download(args.name, cache_dir=args.cache_dir, urls=args.url, force=args.force)
+        print(f"{args.name}: downloaded to {path}")
+        return 0
+    print(f"{'name':16s} {'task':15s} {'n':>11s} {'d':>5s}  present  location")
+    for info in list_datasets():
+        print(f"{info.name:16s} {info.task:15s} {info.n:>11,d} {info.d:>5d}  "
+              f"{'yes' if info.present else 'no':7s}  {info.location}")
+    return 0
+
+
+def _cmd_methods(args: argparse.Namespace) -> int:
+    from gpscale.methods.registry import METHODS, get_spec
+
+    get_spec("exact")  # loads the built-in methods
+    for key, spec in sorted(METHODS.items()):
+        print(f"{key:10s} {spec.status:12s} {','.join(spec.tasks):28s} {spec.summary}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from gpscale.benchmarks.demo import run_demo
+
+    report = run_demo(args.out, quick=args.quick)
+    print(report.read_text())
+    return 0
+
+
+COMMANDS = {"fit": _cmd_fit, "predict": _cmd_predict, "bench": _cmd_bench,
+            "datasets": _cmd_datasets, "methods": _cmd_methods, "demo": _cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    threads = os.environ.get("GPSCALE_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"gpscale {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except FloatingPointError as err:  # NonFiniteLossError
+        print(f"gpscale {args.command}: training stopped: {err}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

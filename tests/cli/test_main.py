@@ -1,0 +1,110 @@
+"""The gpscale command line: fit, predict, datasets, methods, bench, demo and its errors."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from gpscale.cli.__main__ import main
+
+
+def _fit(tmp_path, *extra, dataset="yacht", method="exact", epochs="4", name="run"):
+    out = tmp_path / name
+    code = main(["fit", "--dataset", dataset, "--method", method, "--epochs", epochs,
+                 "--out", str(out), "--no-progress", *extra])
+    return code, out
+
+
+def test_fit_writes_metrics_history_and_model(tmp_path, data_root, capsys):
+    code, out = _fit(tmp_path)
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key in ("test_rmse", "test_nll", "train_time_s", "epochs"):
+        assert key in metrics
+    assert metrics["epochs"] == 4 and metrics["n_train"] + metrics["n_test"] == 308
+    rows = list(csv.DictReader(open(out / "history.csv")))
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
+    assert (out / "model.pt").exists()
+    assert json.loads(capsys.readouterr().out)["test_rmse"] == metrics["test_rmse"]
+
+
+def test_predict_on_raw_rows_reproduces_test_rmse(tmp_path, data_root):
+    """Raw split-0 test rows through `gpscale predict` give the RMSE that fit reported."""
+    code, out = _fit(tmp_path)
+    raw = np.loadtxt(gzip.open(data_root / "uci/yacht/data.csv.gz"), delimiter=",")
+    mask = np.loadtxt(gzip.open(data_root / "uci/yacht/test_mask.csv.gz"), delimiter=",")
+    test = raw[mask[:, 0] == 1]
+    train_y = raw[mask[:, 0] == 0, -1]
+    path = tmp_path / "rows.csv"
+    np.savetxt(path, test, delimiter=",")
+    assert main(["predict", "--model", str(out / "model.pt"), "--data", str(path),
+                 "--target", "-1", "--out", str(tmp_path / "pred.csv")]) == 0
+    pred = np.array([float(r["mean"]) for r in csv.DictReader(open(tmp_path / "pred.csv"))])
+    rmse_std = np.sqrt(np.mean((pred - test[:, -1]) ** 2)) / train_y.std(ddof=1)
+    reported = json.loads((out / "metrics.json").read_text())["test_rmse"]
+    assert rmse_std == pytest.approx(reported, rel=1e-2)
+
+
+def test_fit_on_user_csv(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(80, 2))
+    path = tmp_path / "mine.csv"
+    with open(path, "w") as f:
+        f.write("a,b,price\n")
+        for row in x:
+            f.write(f"{row[0]},{row[1]},{np.sin(4 * row[0]) + row[1]}\n")
+    out = tmp_path / "csvrun"
+    assert main(["fit", "--data", str(path), "--target", "price", "--method", "exact",
+                 "--epochs", "20", "--out", str(out), "--no-progress"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["num_dims"] == 2 and metrics["test_rmse"] < 0.5
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["fit", "--dataset", "nosuchset", "--method", "exact"], "valid"),
+    (["fit", "--dataset", "yacht", "--method", "nosuchmethod"], "valid methods"),
+    (["bench", "nosuchsuite"], "valid suites"),
+], ids=["dataset", "method", "suite"])
+def test_unknown_names_list_valid_ones(argv, match, capsys):
+    assert main(argv) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_checkpoint_resume_matches_uninterrupted_run(tmp_path, data_root):
+    """A run stopped early (time budget) and resumed ends where an uninterrupted run ends."""
+    ckpt = tmp_path / "ck.pt"
+    _, part = _fit(tmp_path, "--checkpoint", str(ckpt), "--max-time", "1e-6", epochs="6",
+                   name="part")
+    assert json.loads((part / "metrics.json").read_text())["epochs"] == 1
+    _, resumed = _fit(tmp_path, "--checkpoint", str(ckpt), epochs="6", name="resumed")
+    _, straight = _fit(tmp_path, epochs="6", name="straight")
+    got = json.loads((resumed / "metrics.json").read_text())
+    want = json.loads((straight / "metrics.json").read_text())
+    assert got["epochs"] == 6
+    assert got["test_nll"] == pytest.approx(want["test_nll"], rel=1e-9)
+
+
+def test_datasets_lists_presence(data_root, capsys):
+    assert main(["datasets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    yacht = next(line for line in lines if line.startswith("yacht"))
+    assert "308" in yacht and " yes " in yacht
+
+
+def test_methods_lists_baselines(capsys):
+    assert main(["methods"]) == 0
+    keys = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert {"exact", "cggp", "sgpr", "svgp"} <= set(keys)
+
+
+def test_demo_quick(tmp_path, capsys):
+    """The demo in quick mode prints a table of every method and writes the band plot."""
+    assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == 0
+    report = capsys.readouterr().out
+    for key in ("svgp", "sgpr", "exact"):
+        assert f"| {key} |" in report
+    assert (tmp_path / "demo" / "demo.png").stat().st_size > 10_000
