@@ -1,0 +1,211 @@
+r"""``cggp``: GPyTorch's ``ExactGP`` through its CG/Lanczos (BBMM) path.
+
+Gardner, Pleiss, Bindel, Weinberger & Wilson (2018), "GPyTorch: Blackbox Matrix-Matrix Gaussian
+Process Inference with GPU Acceleration", arXiv:1809.11165; settings as in Wang et al. (2019),
+"Exact Gaussian Processes on a Million Data Points", arXiv:1903.08114 (CG tolerance 1 for
+training, 0.01 for prediction, pivoted-Cholesky preconditioner).
+
+The model is the one of :mod:`gpscale.methods.baselines.exact` (same notation, loss and
+predictive); only the linear algebra differs:
+
+- solves (K + σ²I)⁻¹v by preconditioned CG to relative residual ``cg_tolerance`` (training) or
+  ``eval_cg_tolerance`` (prediction), at most ``max_cg_iterations`` iterations;
+- log|K + σ²I| by stochastic Lanczos quadrature with ``num_trace_samples`` random probes and at
+  most ``max_lanczos_quadrature_iterations`` Lanczos steps, so the loss is a stochastic estimate
+  (probes come from torch's global generator; GPyTorch takes no generator);
+- a rank-``max_preconditioner_size`` pivoted-Cholesky preconditioner, used when
+  n ≥ ``min_preconditioning_size``.
+
+Cost: O(n² · iterations) time per loss (the kernel matrix is formed densely by GPyTorch's
+lazy kernel tensor), O(n²) memory.
+
+GPyTorch settings fixed inside every call (:meth:`CGSettings.context`): ``max_cholesky_size`` 0
+(never Cholesky), ``fast_computations`` on, the options above, ``fast_pred_var`` off,
+``skip_posterior_variances`` off, ``detach_test_caches`` off, ``deterministic_probes`` off,
+``terminate_cg_by_size`` off, ``debug`` off. All are recorded in ``model.options``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import gpytorch
+from torch import Tensor
+
+from gpscale.distributions import Predictive
+from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.baselines._common import (
+    check_task_and_init,
+    follow_init,
+    gaussian_likelihood,
+    prior_modules,
+    prior_options,
+    translate_cholesky_errors,
+)
+from gpscale.methods.baselines._exactgp import (
+    ConditionedExactGP,
+    ExactGPState,
+    gaussian_predictive,
+    negative_mll,
+)
+from gpscale.methods.registry import MethodSpec, register
+from gpscale.validation import check_x, check_xy
+
+__all__ = ["CGSettings", "CGGP", "build_cggp"]
+
+
+@dataclass(frozen=True)
+class CGSettings:
+    """GPyTorch settings of the CG/Lanczos path (defaults: GPyTorch's own, as in Wang et al.).
+
+    Attributes:
+        cg_tolerance: relative residual at which training-time CG stops.
+        eval_cg_tolerance: the same for prediction.
+        max_cg_iterations: CG iteration cap.
+        num_trace_samples: random probes of the stochastic log-determinant estimate.
+        max_lanczos_quadrature_iterations: Lanczos steps of the log-determinant quadrature.
+        max_preconditioner_size: rank of the pivoted-Cholesky preconditioner (0: none).
+        min_preconditioning_size: smallest n at which the preconditioner is used.
+    """
+
+    cg_tolerance: float = 1.0
+    eval_cg_tolerance: float = 0.01
+    max_cg_iterations: int = 1000
+    num_trace_samples: int = 10
+    max_lanczos_quadrature_iterations: int = 20
+    max_preconditioner_size: int = 15
+    min_preconditioning_size: int = 2000
+
+    def __post_init__(self):
+        for name in ("cg_tolerance", "eval_cg_tolerance"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive; got {getattr(self, name)}")
+        for name in ("max_cg_iterations", "num_trace_samples",
+                     "max_lanczos_quadrature_iterations"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1; got {getattr(self, name)}")
+        if self.max_preconditioner_size < 0 or self.min_preconditioning_size < 0:
+            raise ValueError("max_preconditioner_size and min_preconditioning_size must be ≥ 0")
+
+    def context(self) -> contextlib.ExitStack:
+        """Enter every GPyTorch setting this baseline depends on (see the module docstring)."""
+        s = gpytorch.settings
+        stack = contextlib.ExitStack()
+        for manager in (
+            s.max_cholesky_size(0),
+            s.fast_computations(covar_root_decomposition=True, log_prob=True, solves=True),
+            s.cg_tolerance(self.cg_tolerance),
+            s.eval_cg_tolerance(self.eval_cg_tolerance),
+            s.max_cg_iterations(self.max_cg_iterations),
+            s.num_trace_samples(self.num_trace_samples),
+            s.max_lanczos_quadrature_iterations(self.max_lanczos_quadrature_iterations),
+            s.max_preconditioner_size(self.max_preconditioner_size),
+            s.min_preconditioning_size(self.min_preconditioning_size),
+            s.fast_pred_var(False),
+            s.skip_posterior_variances(False),
+            s.detach_test_caches(False),
+            s.deterministic_probes(False),
+            s.terminate_cg_by_size(False),
+            s.debug(False),
+            translate_cholesky_errors(
+                "preconditioner", "Lower max_preconditioner_size or start from a larger noise."),
+        ):
+            stack.enter_context(manager)
+        return stack
+
+
+class CGGP(Method):
+    """GPyTorch's exact GP regression through CG/Lanczos (key ``cggp``).
+
+    Args:
+        mean: GPyTorch mean module.
+        kernel: GPyTorch kernel.
+        likelihood: GPyTorch Gaussian likelihood.
+        settings: the CG/Lanczos settings applied inside every call.
+        num_dims: input dimension d.
+        options: resolved factory options (stored as ``self.options``).
+
+    Example:
+        >>> import torch
+        >>> from gpscale.methods import build
+        >>> x = torch.randn(20, 2, dtype=torch.float64); y = x.sum(1)
+        >>> model = build("cggp", 2, init=(x, y), eval_cg_tolerance=1e-6)
+        >>> model.predict(model.condition(x, y), x[:3]).mean.shape
+        torch.Size([3])
+    """
+
+    key = "cggp"
+
+    def __init__(self, mean: gpytorch.means.Mean, kernel: gpytorch.kernels.Kernel,
+                 likelihood: gpytorch.likelihoods.GaussianLikelihood, settings: CGSettings, *,
+                 num_dims: int, options: dict[str, Any] | None = None):
+        super().__init__(task="regression", options=options)
+        self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
+        self.settings = settings
+        self.num_dims = num_dims
+
+    def condition(self, x: Tensor, y: Tensor) -> ExactGPState:
+        """An ExactGP on (x, y) sharing this module's parameters; never mutates the module."""
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y)
+        y = y.to(x.dtype)
+        return ExactGPState(x, y, ConditionedExactGP(x, y, self.mean, self.kernel,
+                                                      self.likelihood))
+
+    def loss(self, state: ExactGPState) -> Tensor:
+        """Stochastic estimate of −log p(y)/n (CG inverse quadratic, SLQ log-determinant)."""
+        with self.settings.context():
+            return negative_mll(state)
+
+    def predict(self, state: ExactGPState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
+        """Marginal predictive with CG solves, in chunks of ``chunk_size`` test points."""
+        check_x(x_test, num_dims=self.num_dims, name="x_test")
+        with self.settings.context():
+            return predict_in_chunks(lambda xc: gaussian_predictive(state, xc), x_test,
+                                     chunk_size)
+
+
+def build_cggp(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
+               init: tuple[Tensor, Tensor] | None = None, cg_tolerance: float = 1.0,
+               eval_cg_tolerance: float = 0.01, max_cg_iterations: int = 1000,
+               num_trace_samples: int = 10, max_lanczos_quadrature_iterations: int = 20,
+               max_preconditioner_size: int = 15, min_preconditioning_size: int = 2000,
+               **prior: Any) -> CGGP:
+    """Factory of ``cggp`` (see :mod:`gpscale.methods.registry`).
+
+    Args:
+        num_dims: input dimension d.
+        task: must be ``"regression"``.
+        num_classes: unused (regression).
+        init: ``(x, y)`` for data-dependent initial hyperparameters, or ``None`` to rebuild.
+        cg_tolerance, eval_cg_tolerance, max_cg_iterations, num_trace_samples,
+            max_lanczos_quadrature_iterations, max_preconditioner_size,
+            min_preconditioning_size: see :class:`CGSettings`.
+        **prior: ``kernel``, ``ard``, ``lengthscale``, ``outputscale``, ``noise``,
+            ``mean_constant`` (see :func:`~gpscale.methods.baselines._common.prior_options`).
+
+    Raises:
+        ValueError: for a task other than regression, invalid settings or ``init`` data.
+    """
+    check_task_and_init("cggp", task, ("regression",), num_dims, init)
+    settings = CGSettings(cg_tolerance, eval_cg_tolerance, max_cg_iterations, num_trace_samples,
+                          max_lanczos_quadrature_iterations, max_preconditioner_size,
+                          min_preconditioning_size)
+    opts = prior_options(init, task, num_dims, **prior)
+    mean, kernel = prior_modules(num_dims, opts)
+    model = CGGP(mean, kernel, gaussian_likelihood(opts["noise"]), settings,
+                 num_dims=num_dims, options={**opts, **asdict(settings)})
+    model.method_key = "cggp"
+    return follow_init(model, init)
+
+
+register(MethodSpec(
+    key="cggp",
+    factory=build_cggp,
+    tasks=("regression",),
+    summary="GPyTorch ExactGP through CG/Lanczos (BBMM), pivoted-Cholesky preconditioner",
+    fit_defaults={"optimizer": "adam", "lr": 0.1, "epochs": 50, "batch_size": None,
+                  "dtype": "float64"},
+))

@@ -1,0 +1,84 @@
+"""``exact``: GPyTorch's Cholesky ExactGP against dense float64 formulas (R&W Alg. 2.1)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpscale.methods import build
+
+from ._dense import exact_posterior, gaussian_logpdf, matern32
+
+LENGTHSCALE = torch.tensor([0.8, 1.5])
+OUTPUTSCALE, NOISE, MEAN = 1.3, 0.05, 0.2
+
+
+@pytest.fixture
+def model(toy_regression):
+    """An exact GP with fixed, distinct ARD hyperparameters."""
+    model = build("exact", 2, init=toy_regression, outputscale=OUTPUTSCALE, noise=NOISE,
+                  mean_constant=MEAN)
+    model.kernel.base_kernel.lengthscale = LENGTHSCALE
+    return model
+
+
+def _dense_nll(x, y, lengthscale, outputscale, noise, mean):
+    K = matern32(x, x, lengthscale, outputscale)
+    cov = K + noise * torch.eye(x.shape[0])
+    return -gaussian_logpdf(y, mean * torch.ones_like(y), cov) / x.shape[0]
+
+
+def test_loss_is_dense_negative_log_marginal_likelihood(model, toy_regression):
+    """R&W Eq. 2.30: loss = −log N(y | m, K + σ²I) / n."""
+    x, y = toy_regression
+    loss = model.loss(model.condition(x, y))
+    expected = _dense_nll(x, y, LENGTHSCALE, OUTPUTSCALE, NOISE, MEAN)
+    # GPyTorch forms distances as ‖a‖² + ‖b‖² − 2aᵀb, which loses digits for close pairs.
+    torch.testing.assert_close(loss, expected, rtol=1e-7, atol=1e-9)
+
+
+def test_loss_gradient_matches_dense_autograd(model, toy_regression):
+    """Gradients w.r.t. every raw parameter equal those of the dense expression."""
+    x, y = toy_regression
+    params = dict(model.named_parameters())
+    grads = torch.autograd.grad(model.loss(model.condition(x, y)), list(params.values()))
+    dense = _dense_nll(x, y, model.kernel.base_kernel.lengthscale[0], model.kernel.outputscale,
+                       model.likelihood.noise[0], model.mean.constant)
+    expected = torch.autograd.grad(dense, list(params.values()))
+    for name, g, e in zip(params, grads, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-8, msg=name)
+
+
+def test_predictive_matches_dense_posterior(model, toy_regression, generator):
+    """R&W Eqs. 2.25–2.26: latent mean and variance; noise is σ²."""
+    x, y = toy_regression
+    x_test = torch.rand(7, 2, generator=generator) * 4 - 2
+    pred = model.predict(model.condition(x, y), x_test, chunk_size=3)
+    K = matern32(x, x, LENGTHSCALE, OUTPUTSCALE)
+    K_sx = matern32(x_test, x, LENGTHSCALE, OUTPUTSCALE)
+    mean, var = exact_posterior(K, K_sx, torch.full((7,), OUTPUTSCALE), y, MEAN, NOISE)
+    torch.testing.assert_close(pred.mean, mean, rtol=1e-7, atol=1e-8)
+    torch.testing.assert_close(pred.variance, var, rtol=1e-7, atol=1e-8)
+    torch.testing.assert_close(pred.noise, torch.tensor(NOISE), rtol=1e-10, atol=0)
+
+
+def test_default_initial_hyperparameters_follow_the_data(toy_regression):
+    """Documented defaults: lengthscale √d, outputscale var(y), noise 0.1 var(y), mean mean(y)."""
+    x, y = toy_regression
+    model = build("exact", 2, init=(x, 3 * y))
+    var = float((3 * y).var())
+    assert model.options["lengthscale"] == math.sqrt(2)
+    torch.testing.assert_close(model.kernel.base_kernel.lengthscale.detach(),
+                               torch.full((1, 2), math.sqrt(2)), rtol=1e-9, atol=0)
+    assert math.isclose(model.options["outputscale"], var, rel_tol=1e-12)
+    assert math.isclose(float(model.likelihood.noise.detach()), 0.1 * var, rel_tol=1e-6)
+    assert math.isclose(float(model.mean.constant.detach()), float((3 * y).mean()), rel_tol=1e-9)
+
+
+def test_follows_init_dtype(toy_regression):
+    """Parameters take the dtype of the init inputs."""
+    x, y = toy_regression
+    model = build("exact", 2, init=(x.float(), y.float()))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
