@@ -93,7 +93,7 @@ class _GPEstimator(BaseEstimator):
         self.model_ = model
         self.fit_config_ = config
         self._train = (xs, ys)
-        self._state = None
+        self._state = _condition(model, self._train)
         self.n_features_in_ = x.shape[1]
 
     def _transform_xy(self, x, y):
@@ -105,13 +105,11 @@ class _GPEstimator(BaseEstimator):
     def _predictive(self, X) -> Predictive:
         check_is_fitted(self, "model_")
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        x = torch.as_tensor(X, dtype=torch.float64)
+        x = torch.tensor(X, dtype=torch.float64)
         if self.transform_ is not None:
             x = self.transform_.transform_x(x)
         x = x.to(self._train[0].dtype)
         with torch.no_grad():
-            if self._state is None:
-                self._state = self.model_.condition(*self._train)
             return self.model_.predict(self._state, x)
 
     # -- persistence ----------------------------------------------------------------------------
@@ -147,7 +145,7 @@ class GPRegressor(RegressorMixin, _GPEstimator):
 
     def fit(self, X, y) -> GPRegressor:
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
-        self._fit_tensors(torch.as_tensor(X), torch.as_tensor(y, dtype=torch.float64), None)
+        self._fit_tensors(torch.tensor(X), torch.tensor(y, dtype=torch.float64), None)
         return self
 
     def predict(self, X, return_std: bool = False):
@@ -173,7 +171,7 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
         if len(self.classes_) < 2:
             raise ValueError(f"classification needs at least 2 classes; y has only "
                              f"{self.classes_.tolist()}")
-        self._fit_tensors(torch.as_tensor(X), torch.as_tensor(codes, dtype=torch.int64),
+        self._fit_tensors(torch.tensor(X), torch.tensor(codes, dtype=torch.int64),
                           len(self.classes_))
         return self
 
@@ -190,6 +188,12 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
         return {"classes": self.classes_}
 
 
+def _condition(model, train):
+    """The model's state on its training data, computed once without gradients."""
+    with torch.no_grad():
+        return model.condition(*train)
+
+
 _ESTIMATORS = {"GPRegressor": GPRegressor, "GPClassifier": GPClassifier}
 
 
@@ -198,7 +202,7 @@ def estimator_from_payload(payload: dict[str, Any]) -> _GPEstimator:
     est = _ESTIMATORS[payload["estimator"]](**payload["params"])
     est.model_ = model_from_payload(payload["model"])
     est._train = payload["model"]["data"]
-    est._state = None
+    est._state = _condition(est.model_, est._train)
     est.transform_ = (None if payload["transform"] is None
                       else Standardizer.from_dict(payload["transform"]))
     est.history_ = History.from_state_dict(payload["history"])
