@@ -197,7 +197,6 @@ def build_cggp(num_dims: int, *, task: str = "regression", num_classes: int | No
     mean, kernel = prior_modules(num_dims, opts)
     model = CGGP(mean, kernel, gaussian_likelihood(opts["noise"]), settings,
                  num_dims=num_dims, options={**opts, **asdict(settings)})
-    model.method_key = "cggp"
     return follow_init(model, init)
 
 

@@ -183,7 +183,6 @@ def build_exact(num_dims: int, *, task: str = "regression", num_classes: int | N
     mean, kernel = prior_modules(num_dims, opts)
     model = ExactGPyTorch(mean, kernel, gaussian_likelihood(opts["noise"]), settings,
                           num_dims=num_dims, options={**opts, **asdict(settings)})
-    model.method_key = "exact"
     return follow_init(model, init)
 
 

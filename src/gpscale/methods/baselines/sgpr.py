@@ -170,7 +170,6 @@ def build_sgpr(num_dims: int, *, task: str = "regression", num_classes: int | No
                                                   likelihood=likelihood)
     model = SGPR(mean, kernel, likelihood, settings, num_dims=num_dims,
                  options={**ind, **opts, **asdict(settings)})
-    model.method_key = "sgpr"
     return follow_init(model, init)
 
 

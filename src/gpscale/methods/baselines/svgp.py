@@ -301,7 +301,6 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
     model = SVGP(_ApproximateGP(mean, kernel, z, num_latents), likelihood, settings, task=task,
                  num_classes=num_classes, num_dims=num_dims, num_data=num_data, seed=seed,
                  options={**ind, "num_data": num_data, **opts, **asdict(settings)})
-    model.method_key = "svgp"
     return follow_init(model, init)
 
 
