@@ -108,3 +108,27 @@ def test_demo_quick(tmp_path, capsys):
     for key in ("svgp", "sgpr", "exact"):
         assert f"| {key} |" in report
     assert (tmp_path / "demo" / "demo.png").stat().st_size > 10_000
+
+
+def test_datasets_download_from_a_mirror(tmp_path, data_root, capsys):
+    """`datasets download` fetches and verifies the files (file:// mirror) into the cache."""
+    cache = tmp_path / "cache"
+    mirror = (data_root / "uci" / "yacht").resolve().as_uri()
+    assert main(["datasets", "download", "yacht", "--cache-dir", str(cache),
+                 "--base-url", mirror]) == 0
+    for name in ("data.csv.gz", "test_mask.csv.gz"):
+        got = (cache / "uci" / "yacht" / name).read_bytes()
+        assert got == (data_root / "uci" / "yacht" / name).read_bytes()
+    assert "downloaded" in capsys.readouterr().out
+
+
+def test_datasets_download_checksum_failure(tmp_path, data_root, capsys):
+    """A mirror serving other bytes fails the checksum; nothing is left in the cache."""
+    cache, mirror = tmp_path / "cache", tmp_path / "mirror"
+    mirror.mkdir()
+    for name in ("data.csv.gz", "test_mask.csv.gz"):
+        (mirror / name).write_bytes((data_root / "uci" / "housing" / name).read_bytes())
+    assert main(["datasets", "download", "yacht", "--cache-dir", str(cache),
+                 "--base-url", mirror.as_uri()]) == 2
+    assert "sha256 mismatch" in capsys.readouterr().err
+    assert not any(p.is_file() for p in cache.rglob("*"))

@@ -90,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     dl = ds_sub.add_parser("download", help="download a dataset into the cache")
     dl.add_argument("name")
     dl.add_argument("--cache-dir", help="default ~/.cache/gpscale")
-    dl.add_argument("--url", action="append", default=None,
-                    help="override the source URL (one per file, in the registry's order)")
+    dl.add_argument("--base-url", help="a mirror to fetch from instead of the public original: "
+                    "file names are appended (https://... or file:///...)")
     dl.add_argument("--force", action="store_true")
 
     sub.add_parser("methods", help="list method keys")
@@ -144,7 +144,8 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     from gpscale.data import download, list_datasets
 
     if args.action == "download":
-        path = download(args.name, cache_dir=args.cache_dir, urls=args.url, force=args.force)
+        path = download(args.name, cache_dir=args.cache_dir, urls=args.base_url,
+                        force=args.force)
         print(f"{args.name}: downloaded to {path}")
         return 0
     print(f"{'name':16s} {'task':15s} {'n':>11s} {'d':>5s}  present  location")
@@ -184,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(int(threads))
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:
         print(f"gpscale {args.command}: error: {err}", file=sys.stderr)
         return 2
     except FloatingPointError as err:  # NonFiniteLossError
