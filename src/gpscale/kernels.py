@@ -2,16 +2,48 @@
 
 Only this module may know about ``ScaleKernel``, lazy evaluation or private kernel methods.
 
-``make_kernel`` builds the kernels the CLI and estimators name by string.
+``make_kernel`` builds the kernels the CLI and estimators name by string. ``kernel_matrix`` and
+``kernel_diag`` evaluate densely; ``kernel_matmul`` computes ``K(x1, x2) @ rhs`` matrix-free, in
+row chunks, holding at most ``chunk_size × n2`` kernel entries at a time in the forward and in the
+backward pass (blocks are recomputed there; see :mod:`gpscale.linalg.chunked`).
+
+Backends of ``kernel_matmul`` (all compute the same numbers up to rounding):
+
+| backend    | kernels                          | how                                          |
+|------------|----------------------------------|----------------------------------------------|
+| `eager`    | any GPyTorch kernel              | ``kernel(x1c, x2).to_dense() @ rhs``         |
+| `fused`    | [Scale](RBF, Matérn ½, 3/2, 5/2) | distance → profile → product, plain PyTorch  |
+| `compiled` | as `fused`                       | the same, elementwise part ``torch.compile``d |
+| `keops`    | as `fused`                       | pykeops (``pip install gpscale[keops]``)     |
+
+``backend='auto'`` resolves by :func:`select_backend`'s rule.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from dataclasses import dataclass
+
 import gpytorch
 import torch
-from gpytorch.kernels import Kernel
+from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
 
-__all__ = ["KERNELS", "make_kernel", "kernel_matrix", "kernel_diag"]
+from gpscale.linalg import fused
+from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk_size
+from gpscale.typing import Float, Tensor
+
+__all__ = [
+    "AUTO_COMPILE_MIN_ENTRIES",
+    "BACKENDS",
+    "KERNELS",
+    "KernelHyperparameters",
+    "kernel_diag",
+    "kernel_hyperparameters",
+    "kernel_matmul",
+    "kernel_matrix",
+    "make_kernel",
+    "select_backend",
+]
 
 _BASE_KERNELS = {
     "rbf": gpytorch.kernels.RBFKernel,
@@ -21,9 +53,18 @@ _BASE_KERNELS = {
 }
 KERNELS = tuple(_BASE_KERNELS)
 
+BACKENDS = ("auto", "eager", "fused", "compiled", "keops")
+
+AUTO_COMPILE_MIN_ENTRIES = 2**22
+"""``auto`` compiles only products with at least this many kernel entries (n1·n2 per batch):
+below it the one-off compilation (seconds) costs more than it saves."""
+
+_NO_BATCH = torch.Size()
+_MATERN_PROFILES = {0.5: "matern12", 1.5: "matern32", 2.5: "matern52"}
+
 
 def make_kernel(name: str = "matern32", num_dims: int = 1, *, ard: bool = True,
-                batch_shape: torch.Size = torch.Size()) -> Kernel:
+                batch_shape: torch.Size = _NO_BATCH) -> Kernel:
     """A scaled stationary kernel: ``ScaleKernel(base(ard_num_dims=num_dims if ard))``.
 
     Args:
@@ -46,3 +87,185 @@ def kernel_matrix(kernel: Kernel, x1: torch.Tensor, x2: torch.Tensor) -> torch.T
 def kernel_diag(kernel: Kernel, x: torch.Tensor) -> torch.Tensor:
     """Diagonal k(x_j, x_j) (n,) without forming the matrix."""
     return kernel(x, diag=True)
+
+
+@dataclass(frozen=True)
+class KernelHyperparameters:
+    """A stationary kernel ``outputscale · φ(‖(x − x')/lengthscale‖²)`` in plain tensors.
+
+    Attributes:
+        profile: a key of :data:`gpscale.linalg.fused.PROFILES` ('rbf', 'matern12', ...).
+        lengthscale: (*batch, 1, d) with ARD, else (*batch, 1, 1); differentiable.
+        outputscale: (*batch,); ones for an unscaled base kernel; differentiable.
+    """
+
+    profile: str
+    lengthscale: Tensor
+    outputscale: Tensor
+
+
+def kernel_hyperparameters(kernel: Kernel) -> KernelHyperparameters | None:
+    """Profile, lengthscale and outputscale of ``[ScaleKernel](RBF | Matérn)``, else None.
+
+    Only the exact GPyTorch classes qualify (subclasses may override ``forward``), without
+    ``active_dims``.
+    """
+    outputscale = None
+    if type(kernel) is ScaleKernel and kernel.active_dims is None:
+        kernel, outputscale = kernel.base_kernel, kernel.outputscale
+    if kernel.active_dims is not None:
+        return None
+    if type(kernel) is RBFKernel:
+        profile = "rbf"
+    elif type(kernel) is MaternKernel and kernel.nu in _MATERN_PROFILES:
+        profile = _MATERN_PROFILES[kernel.nu]
+    else:
+        return None
+    lengthscale = kernel.lengthscale
+    if outputscale is None:
+        outputscale = torch.ones(lengthscale.shape[:-2], dtype=lengthscale.dtype,
+                                 device=lengthscale.device)
+    return KernelHyperparameters(profile, lengthscale, outputscale)
+
+
+def select_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str = "auto") -> str:
+    """The backend ``kernel_matmul`` uses; resolves ``'auto'`` by a fixed rule.
+
+    Rule for ``'auto'``: 'eager' when :func:`kernel_hyperparameters` does not recognise the
+    kernel; otherwise on CUDA 'keops' when pykeops is installed, else 'compiled'; on the CPU
+    'compiled' when the product has at least :data:`AUTO_COMPILE_MIN_ENTRIES` entries, else
+    'fused' (uncompiled); on other devices 'fused'. A failing ``torch.compile`` falls back to the
+    uncompiled fused path with one warning.
+
+    Args:
+        kernel: any GPyTorch kernel.
+        x1: (..., n1, d).
+        x2: (..., n2, d).
+        backend: one of :data:`BACKENDS`.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    if kernel_hyperparameters(kernel) is None:
+        return "eager"
+    if x1.device.type == "cuda":
+        return "keops" if importlib.util.find_spec("pykeops") is not None else "compiled"
+    if x1.device.type == "cpu" and x1.shape[-2] * x2.shape[-2] >= AUTO_COMPILE_MIN_ENTRIES:
+        return "compiled"
+    return "fused"
+
+
+def kernel_matmul(kernel: Kernel, x1: Float[Tensor, "*b n1 d"], x2: Float[Tensor, "*b n2 d"],
+                  rhs: Float[Tensor, "*b n2 k"] | Float[Tensor, " n2"], *,
+                  chunk_size: int | None = None,
+                  backend: str = "auto") -> Float[Tensor, "*b n1 k"] | Float[Tensor, "*b n1"]:
+    """``K(x1, x2) @ rhs`` without forming K, differentiable in every input and hyperparameter.
+
+    At most ``chunk_size × n2`` kernel entries (times the batch size) exist at a time, in the
+    forward and in the backward pass. Batched kernels (``batch_shape`` (b,)) take ``rhs`` of
+    shape (b, n2, k) or a broadcastable one.
+
+    Args:
+        kernel: a GPyTorch kernel; 'fused', 'compiled' and 'keops' need a kernel
+            :func:`kernel_hyperparameters` recognises.
+        x1: row inputs (..., n1, d).
+        x2: column inputs (..., n2, d).
+        rhs: right-hand sides (..., n2, k) or a vector (n2,).
+        chunk_size: rows of ``x1`` per chunk. Default: 'eager' fills
+            :data:`gpscale.linalg.chunked.DEFAULT_MAX_KERNEL_ENTRIES` entries per chunk; the
+            fused paths take :data:`gpscale.linalg.fused.DEFAULT_ROWS` rows and split the
+            columns into tiles of at most :data:`gpscale.linalg.fused.TILE_ENTRIES` entries.
+        backend: one of :data:`BACKENDS` (see the module docstring and :func:`select_backend`).
+
+    Returns:
+        (..., n1, k), or (..., n1) for a vector ``rhs``; dtype and device of the inputs.
+
+    Raises:
+        ValueError: mismatched shapes, an unknown backend, or a kernel the backend cannot run.
+        ImportError: ``backend='keops'`` without pykeops installed.
+    """
+    vector = rhs.dim() == 1
+    rhs = rhs.unsqueeze(-1) if vector else rhs
+    if x1.shape[-1] != x2.shape[-1] or rhs.shape[-2] != x2.shape[-2]:
+        raise ValueError(f"kernel_matmul needs x1 (..., n1, d), x2 (..., n2, d) and rhs "
+                         f"(..., n2, k) or (n2,); got x1 {tuple(x1.shape)}, x2 "
+                         f"{tuple(x2.shape)}, rhs {tuple(rhs.shape)}")
+    name = select_backend(kernel, x1, x2, backend)
+    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], rhs.shape[:-2], kernel.batch_shape)
+    chunk = chunk_size or _default_chunk(name, x2.shape[-2] * batch.numel())
+    out = _BACKENDS[name](kernel, x1, x2, rhs, chunk)
+    return out.squeeze(-1) if vector else out
+
+
+def _default_chunk(backend: str, num_entries_per_row: int) -> int:
+    if backend in ("fused", "compiled"):  # these tile both axes: ≤ TILE_ENTRIES at a time
+        return fused.DEFAULT_ROWS
+    return default_chunk_size(num_entries_per_row)
+
+
+def _eager(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
+    params = tuple(p for p in kernel.parameters() if p.requires_grad)
+    rule = autograd_rule(lambda a, b, v: kernel(a, b).to_dense() @ v, params)
+    return chunked_product(rule, x1, x2, rhs, chunk_size=chunk)
+
+
+def _require_hyperparameters(kernel: Kernel, backend: str) -> KernelHyperparameters:
+    hp = kernel_hyperparameters(kernel)
+    if hp is None:
+        raise ValueError(f"backend {backend!r} supports ScaleKernel(RBFKernel | MaternKernel) "
+                         f"without active_dims; got {type(kernel).__name__}. Use "
+                         "backend='eager' (any kernel) or 'auto'.")
+    return hp
+
+
+def _scaled_inputs(hp: KernelHyperparameters, x1: Tensor, x2: Tensor, rhs: Tensor):
+    """Centred, scaled inputs z = (x − mean(x2)) / lengthscale as (B, n, d), rhs as (B, n2, k)."""
+    if hp.lengthscale.shape[-1] not in (1, x1.shape[-1]):
+        raise ValueError(f"the kernel has {hp.lengthscale.shape[-1]} lengthscales (ARD) but the "
+                         f"inputs have {x1.shape[-1]} features")
+    shift = x2.detach().mean(-2, keepdim=True)  # distances are translation invariant
+    z1, z2 = (x1 - shift) / hp.lengthscale, (x2 - shift) / hp.lengthscale
+    batch = torch.broadcast_shapes(z1.shape[:-2], z2.shape[:-2], rhs.shape[:-2],
+                                   hp.outputscale.shape)
+    flat = [t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (z1, z2, rhs)]
+    return (*flat, batch)
+
+
+def _fused(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int, *,
+           compiled: bool = False) -> Tensor:
+    hp = _require_hyperparameters(kernel, "compiled" if compiled else "fused")
+    z1, z2, rhs3, batch = _scaled_inputs(hp, x1, x2, rhs)
+    out = chunked_product(fused.stationary_rule(hp.profile, compiled=compiled), z1, z2, rhs3,
+                          chunk_size=chunk)  # (B, n1, k)
+    return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
+
+
+def _compiled(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
+    return _fused(kernel, x1, x2, rhs, chunk, compiled=True)
+
+
+_KEOPS_PROFILES = {
+    "rbf": lambda D2: (-0.5 * D2).exp(),
+    "matern12": lambda D2: (-D2.sqrt()).exp(),
+    "matern32": lambda D2: (1 + 3**0.5 * D2.sqrt()) * (-(3**0.5) * D2.sqrt()).exp(),
+    "matern52": lambda D2: ((1 + 5**0.5 * D2.sqrt() + 5.0 / 3.0 * D2)
+                            * (-(5**0.5) * D2.sqrt()).exp()),
+}
+
+
+def _keops(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
+    """pykeops reduction (KeOps tiles on its own, so ``chunk`` is unused)."""
+    if importlib.util.find_spec("pykeops") is None:
+        raise ImportError("backend='keops' needs the optional dependency pykeops: "
+                          "pip install gpscale[keops] (or use backend='compiled' or 'eager')")
+    from pykeops.torch import LazyTensor
+
+    hp = _require_hyperparameters(kernel, "keops")
+    z1, z2, rhs3, batch = _scaled_inputs(hp, x1, x2, rhs)
+    D2 = LazyTensor(z1[:, :, None, :]).sqdist(LazyTensor(z2[:, None, :, :]))
+    out = _KEOPS_PROFILES[hp.profile](D2) @ rhs3  # (B, n1, k)
+    return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
+
+
+_BACKENDS = {"eager": _eager, "fused": _fused, "compiled": _compiled, "keops": _keops}

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gpscale.benchmarks.memory import peak_memory_mb
+from gpscale.benchmarks.memory import peak_memory_mb, peak_rss_mb, reset_peak_rss
 from gpscale.data.synthetic import (
     FieldStream,
     binary_classification,
@@ -189,12 +189,11 @@ def _iterate_stream(n: int) -> int:
 
 def _stream_peak_growth_mb(n: int) -> tuple[int, float]:
     """In a fresh process: warm up on 2 chunks, then the growth of peak RSS while streaming n."""
-    import resource
-
     _iterate_stream(200_000)  # imports, allocator pools and thread pools settle here
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    reset_peak_rss()
+    before = peak_rss_mb()
     count = _iterate_stream(n)
-    return count, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return count, peak_rss_mb() - before
 
 
 def test_stream_is_memory_light():

@@ -1,9 +1,11 @@
 """Peak-memory measurement for benchmarks.
 
-CPU tensors are invisible to ``tracemalloc``, and a process's resident-set high-water mark cannot be
-reset, so each measurement runs in a fresh spawned process: the peak RSS of that process minus its
-RSS just before the measured call is the memory the call needed. On CUDA the caller should use
-``torch.cuda.max_memory_allocated`` instead.
+CPU tensors are invisible to ``tracemalloc``, so each measurement runs in a fresh spawned process
+and reads the kernel's resident-set high-water mark (``VmHWM`` in ``/proc/self/status``). The mark
+is reset just before the measured call (writing 5 to ``/proc/self/clear_refs``), so the figure is
+the call's peak RSS minus the RSS it started from. ``ru_maxrss`` is not used: Linux carries it over
+``execve`` from the parent, so a large parent would hide the child's peak. On CUDA the caller
+should use ``torch.cuda.max_memory_allocated`` instead.
 """
 
 from __future__ import annotations
@@ -14,29 +16,50 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["peak_memory_mb", "current_rss_mb"]
+__all__ = ["peak_memory_mb", "current_rss_mb", "peak_rss_mb", "reset_peak_rss"]
+
+
+def _status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        return None
+    return None
 
 
 def current_rss_mb() -> float:
-    """Resident set size of this process now, in MB (Linux ``/proc``; peak RSS elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        return pages * resource.getpagesize() / 2**20
-    except OSError:
-        return _peak_rss_mb()
+    """Resident set size of this process now, in MB (``VmRSS``; peak RSS off Linux)."""
+    value = _status_mb("VmRSS")
+    return peak_rss_mb() if value is None else value
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
+    """High-water mark of this process's RSS in MB since start or the last reset (``VmHWM``)."""
+    value = _status_mb("VmHWM")
+    if value is not None:
+        return value
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
+def reset_peak_rss() -> None:
+    """Reset ``VmHWM`` to the current RSS (Linux); a no-op where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def _child(fn, args, kwargs, queue):
     try:
+        reset_peak_rss()
         before = current_rss_mb()
         result = fn(*args, **kwargs)
-        queue.put(("ok", _peak_rss_mb() - before, result))
+        queue.put(("ok", peak_rss_mb() - before, result))
     except BaseException as exc:  # reported to the parent, which re-raises
         queue.put(("error", 0.0, f"{type(exc).__name__}: {exc}"))
 

@@ -1,0 +1,147 @@
+"""Benchmark ``kernels``: matrix-free kernel-product throughput and memory.
+
+(a) Throughput of ``K(x, x) @ V`` (forward, no grad) for a Matérn-3/2 ARD kernel with output
+scale, n = 20,000, d = 8, 64 right-hand sides, float32, per backend ('eager', 'fused',
+'compiled', 'keops' when pykeops is installed) and for the naive dense reference
+``kernel_matrix(kernel, x, x) @ V``. The roofline is this machine's fp32 GEMM rate measured in
+the same process: a kernel entry needs at least the 2d flops of its inner product (the distance
+expansion) and the 2k flops of its share of ``K @ V``, so
+
+    roofline [entries/s] = GEMM [flop/s] / (2 (k + d)).
+
+(b) Peak extra resident memory of forward + backward of ``kernel_matmul`` (gradients for x, V
+and the hyperparameters) at n = 40,000 in a fresh process (:func:`peak_memory_mb`), next to the
+n² float32 entries a dense kernel matrix would need.
+
+``quick=True`` shrinks n (2,000 and 4,000) for a smoke test. Times are the best of 3 runs
+after one warm-up run (the warm-up includes ``torch.compile``); the GEMM rate is the best of
+all GEMM runs, interleaved with the products (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpscale.benchmarks.memory import peak_memory_mb
+from gpscale.benchmarks.report import write_results
+from gpscale.kernels import kernel_matmul, kernel_matrix, make_kernel
+
+__all__ = ["gemm_gflops", "run"]
+
+log = logging.getLogger(__name__)
+
+NUM_DIMS, NUM_RHS, DTYPE = 8, 64, torch.float32
+COLUMNS = ["measure", "backend", "n", "seconds", "entries_per_s", "fraction_of_roofline",
+           "gemm_gflops", "roofline_entries_per_s", "peak_mb", "dense_kernel_mb"]
+
+
+def gemm_gflops(size: int = 2048, repeats: int = 3) -> float:
+    """Best fp32 GEMM rate of this process over ``repeats`` runs, GFLOP/s (size × size)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=g, dtype=DTYPE) for _ in range(2))
+    return 2 * size**3 / _best_seconds(lambda: a @ b, repeats) / 1e9
+
+
+def _best_seconds(fn: Callable[[], Any], repeats: int, *, warmup: bool = True) -> float:
+    if warmup:
+        fn()  # compilation, caches
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _problem(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    kernel = make_kernel("matern32", NUM_DIMS).to(DTYPE)
+    kernel.base_kernel.lengthscale = 0.5 + torch.rand(1, NUM_DIMS, generator=g)
+    kernel.outputscale = 1.3
+    x = torch.randn(n, NUM_DIMS, generator=g, dtype=DTYPE)
+    rhs = torch.randn(n, NUM_RHS, generator=g, dtype=DTYPE)
+    return kernel, x, rhs
+
+
+def _backends() -> list[str]:
+    found = ["eager", "fused", "compiled"]
+    return found + ["keops"] if importlib.util.find_spec("pykeops") is not None else found
+
+
+def _throughput_rows(n: int, repeats: int) -> list[dict[str, Any]]:
+    """Best-of-``repeats`` times per backend; the GEMM rate is re-measured between runs (the
+    machine may be shared) and its best value sets the roofline."""
+    kernel, x, rhs = _problem(n)
+    products: dict[str, Callable[[], Any]] = {
+        name: (lambda name=name: kernel_matmul(kernel, x, x, rhs, backend=name))
+        for name in _backends()
+    }
+    products["dense reference"] = lambda: kernel_matrix(kernel, x, x) @ rhs
+    seconds, gflops = {}, gemm_gflops()
+    with torch.no_grad():
+        for name, product in products.items():
+            log.info("kernels: throughput of %s at n=%d", name, n)
+            product()  # warm-up, compilation
+            seconds[name] = float("inf")
+            for _ in range(repeats):
+                seconds[name] = min(seconds[name], _best_seconds(product, 1, warmup=False))
+                gflops = max(gflops, gemm_gflops())
+    roofline = gflops * 1e9 / (2 * (NUM_RHS + NUM_DIMS))
+    return [{"measure": "throughput", "backend": name, "n": n, "seconds": t,
+             "entries_per_s": n * n / t, "fraction_of_roofline": n * n / t / roofline,
+             "gemm_gflops": gflops, "roofline_entries_per_s": roofline}
+            for name, t in seconds.items()]
+
+
+def forward_backward(n: int, backend: str) -> float:
+    """Forward and backward of ``kernel_matmul`` at size n; returns the seconds it took."""
+    kernel, x, rhs = _problem(n)
+    x.requires_grad_()
+    rhs.requires_grad_()
+    start = time.perf_counter()
+    out = kernel_matmul(kernel, x, x, rhs, backend=backend)
+    out.square().sum().backward()
+    return time.perf_counter() - start
+
+
+def _memory_rows(n: int) -> list[dict[str, Any]]:
+    dense_mb = n * n * torch.finfo(DTYPE).bits / 8 / 2**20
+    rows = []
+    for backend in ("compiled", "eager"):
+        log.info("kernels: peak memory of %s forward+backward at n=%d", backend, n)
+        peak, seconds = peak_memory_mb(forward_backward, n, backend)
+        rows.append({"measure": "memory (fwd+bwd)", "backend": backend, "n": n,
+                     "seconds": seconds, "peak_mb": peak, "dense_kernel_mb": dense_mb})
+    return rows
+
+
+def run(out_dir: Path | str, *, quick: bool = False) -> list[dict[str, Any]]:
+    """Measure throughput (a) and memory (b); write ``report.md`` etc. into ``out_dir``.
+
+    Args:
+        out_dir: output folder.
+        quick: small sizes for a smoke test.
+
+    Returns:
+        The result rows (also written to ``results.csv`` / ``results.jsonl``).
+    """
+    # Memory first: the child process's peak RSS counts the parent's RSS at fork time (Linux
+    # keeps ru_maxrss across exec), so the parent must not yet hold the dense reference's pages.
+    memory = _memory_rows(4_000 if quick else 40_000)
+    rows = _throughput_rows(2_000 if quick else 20_000, repeats=1 if quick else 3) + memory
+    notes = (f"Matérn-3/2 ARD with output scale, d = {NUM_DIMS}, k = {NUM_RHS} right-hand sides, "
+             "float32, default chunk sizes, torch threads as listed above. roofline = GEMM "
+             "flop/s / (2 (k + d)) kernel entries per second (inner product and product "
+             "flops per entry, measured fp32 GEMM rate). Memory: peak extra RSS of a fresh "
+             "process running forward + backward (incl. inputs, gradients and, for "
+             "'compiled', the torch.compile runtime), versus n² float32 entries of a dense "
+             "kernel matrix.")
+    write_results(out_dir, "kernels", rows, columns=COLUMNS, notes=notes)
+    return rows

@@ -1,0 +1,230 @@
+r"""Fused products with stationary kernel profiles: distance → profile → product, tile by tile.
+
+For scaled inputs ``z1`` (B, n1, d), ``z2`` (B, n2, d) and right-hand sides ``V`` (B, n2, k) this
+computes :math:`\Phi V` with :math:`\Phi_{ij} = \varphi(D^2_{ij})`,
+:math:`D^2_{ij} = \lVert z_{1i} - z_{2j}\rVert^2 = \lVert z_{1i}\rVert^2 + \lVert z_{2j}\rVert^2
+- 2 z_{1i}^\top z_{2j}` (clamped at 0), without forming :math:`\Phi`.
+
+| profile  | :math:`\varphi(D^2)`, :math:`r = a\sqrt{D^2}` | :math:`\varphi'(D^2)`             |
+|----------|-----------------------------------------------|-----------------------------------|
+| rbf      | :math:`e^{-D^2/2}`                            | :math:`-\varphi/2`                |
+| matern12 | :math:`e^{-r}`, a = 1                         | :math:`-e^{-r}/(2r)` (0 at r = 0) |
+| matern32 | :math:`(1 + r)e^{-r}`, a = √3                 | :math:`-\tfrac32 e^{-r}`          |
+| matern52 | :math:`(1 + r + r^2/3)e^{-r}`, a = √5         | :math:`-\tfrac56 (1 + r)e^{-r}`   |
+
+The Matérn-½ profile is not differentiable at coincident points; its gradient there is taken as 0,
+like ``torch.cdist``'s.
+
+Backward, with :math:`G = \bar{Y} V^\top` and :math:`H = G \odot \varphi'(D^2)` (per tile):
+:math:`\bar V = \Phi^\top \bar Y`, :math:`\bar z_1 = 2(\operatorname{diag}(H 1) z_1 - H z_2)`,
+:math:`\bar z_2 = 2(\operatorname{diag}(H^\top 1) z_2 - H^\top z_1)`.
+
+The inner products and the products with ``V`` are batched GEMMs (``bmm``/``baddbmm``); the
+elementwise part (norms → clamp → sqrt → exp → polynomial, and ``H`` with its row and column sums)
+is one function per profile, compiled with ``torch.compile(dynamic=True)`` when ``compiled=True``
+so that ragged chunks do not trigger recompilation. A tile holds ``rows × cols`` entries with
+``cols = TILE_ENTRIES // (B · rows)`` (cache-sized), never more than a ``rows × n2`` block.
+Cost: :math:`2 n_1 n_2 (k + d)` flops forward plus O(n1 n2) elementwise; twice that backward.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from gpscale.linalg.chunked import ChunkRule
+
+__all__ = ["DEFAULT_ROWS", "PROFILES", "TILE_ENTRIES", "stationary_rule"]
+
+TILE_ENTRIES = 2**20
+"""Kernel entries per tile (4 MiB in float32), sized for the caches; tuned on a 2-core EPYC."""
+
+DEFAULT_ROWS = 2048
+"""Default rows of ``x1`` per chunk for the fused paths (a tile never exceeds TILE_ENTRIES)."""
+
+_SQRT3, _SQRT5 = math.sqrt(3.0), math.sqrt(5.0)
+
+
+def _sqdist(P: Tensor, sq1: Tensor, sq2: Tensor) -> Tensor:
+    return (sq1 + sq2 - 2.0 * P).clamp_min(0.0)  # (B, c, w)
+
+
+def _store(P: Tensor, G: Tensor, K: Tensor, H: Tensor) -> tuple[Tensor, Tensor]:
+    P.copy_(K)
+    G.copy_(H)
+    return H.sum(-1), H.sum(-2)  # (B, c), (B, w)
+
+
+# Each profile has two functions, both in place to reuse the tile buffers (fresh multi-MB
+# tensors cost page faults): ``value(P, sq1, sq2)`` overwrites the inner products P with
+# φ(D²); ``vjp(P, sq1, sq2, G)`` overwrites P with φ(D²) and G with H = G ⊙ φ'(D²) and returns
+# H's row and column sums. Each is its own code object, so torch.compile keeps separate caches
+# (no recompilation limit shared between profiles).
+def _rbf_value(P: Tensor, sq1: Tensor, sq2: Tensor) -> None:
+    P.copy_(torch.exp(-0.5 * _sqdist(P, sq1, sq2)))
+
+
+def _rbf_vjp(P: Tensor, sq1: Tensor, sq2: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    K = torch.exp(-0.5 * _sqdist(P, sq1, sq2))
+    return _store(P, G, K, -0.5 * K * G)
+
+
+def _matern12_value(P: Tensor, sq1: Tensor, sq2: Tensor) -> None:
+    P.copy_(torch.exp(-_sqdist(P, sq1, sq2).sqrt()))
+
+
+def _matern12_vjp(P: Tensor, sq1: Tensor, sq2: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    r = _sqdist(P, sq1, sq2).sqrt()
+    K = torch.exp(-r)
+    return _store(P, G, K, torch.where(r > 0, -0.5 * K / r, 0.0) * G)
+
+
+def _matern32_value(P: Tensor, sq1: Tensor, sq2: Tensor) -> None:
+    r = _SQRT3 * _sqdist(P, sq1, sq2).sqrt()
+    P.copy_((1.0 + r) * torch.exp(-r))
+
+
+def _matern32_vjp(P: Tensor, sq1: Tensor, sq2: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    r = _SQRT3 * _sqdist(P, sq1, sq2).sqrt()
+    e = torch.exp(-r)
+    return _store(P, G, (1.0 + r) * e, -1.5 * e * G)
+
+
+def _matern52_value(P: Tensor, sq1: Tensor, sq2: Tensor) -> None:
+    r = _SQRT5 * _sqdist(P, sq1, sq2).sqrt()
+    P.copy_((1.0 + r + r * r / 3.0) * torch.exp(-r))
+
+
+def _matern52_vjp(P: Tensor, sq1: Tensor, sq2: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    r = _SQRT5 * _sqdist(P, sq1, sq2).sqrt()
+    e = torch.exp(-r)
+    return _store(P, G, (1.0 + r + r * r / 3.0) * e, (-5.0 / 6.0) * (1.0 + r) * e * G)
+
+
+PROFILES: dict[str, tuple[Callable, Callable]] = {
+    "rbf": (_rbf_value, _rbf_vjp),
+    "matern12": (_matern12_value, _matern12_vjp),
+    "matern32": (_matern32_value, _matern32_vjp),
+    "matern52": (_matern52_value, _matern52_vjp),
+}
+"""Profile name → (value function, value-and-vjp function) on tiles of inner products."""
+
+# The failures torch.compile reports when it cannot build a kernel (no C++ compiler, an
+# unsupported platform, a backend bug); anything else is a genuine error and propagates.
+_COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError,
+                   OSError)
+
+
+class _CompiledFunction:
+    """``fn`` compiled with ``torch.compile(dynamic=True)``, falling back to ``fn`` on failure.
+
+    The first compilation failure is reported once with a warning; later calls run ``fn``.
+    """
+
+    def __init__(self, fn: Callable, compiler: Callable = torch.compile):
+        self.fn = fn
+        self.compiled = compiler(fn, dynamic=True)
+        self.failed = False
+
+    def __call__(self, *args: Tensor):
+        if not self.failed:
+            try:
+                return self.compiled(*args)
+            except _COMPILE_ERRORS as exc:
+                self.failed = True
+                warnings.warn(f"torch.compile failed for the fused kernel product "
+                              f"({self.fn.__name__}): {type(exc).__name__}: {exc}; falling back "
+                              "to the uncompiled fused path (pass backend='eager' or 'fused' to "
+                              "skip compilation)", RuntimeWarning, stacklevel=2)
+        return self.fn(*args)
+
+
+@functools.cache
+def _compiled(fn: Callable) -> _CompiledFunction:
+    # Process-wide cache of compiled profile functions (torch.compile's own caches are global too).
+    return _CompiledFunction(fn)
+
+
+def _tiles(num_cols: int, rows: int) -> list[slice]:
+    """Column slices so that ``rows × width ≤ TILE_ENTRIES`` (width ≥ 1)."""
+    cols = max(1, TILE_ENTRIES // max(1, rows))
+    return [slice(j, min(j + cols, num_cols)) for j in range(0, num_cols, cols)]
+
+
+def _tile_buffer(like: Tensor, B: int, c: int, tiles: list[slice]) -> Callable[[slice], Tensor]:
+    """A (B, c, width) view of one flat buffer per tile width (reused across tiles)."""
+    flat = like.new_empty(B * c * (tiles[0].stop - tiles[0].start))
+    return lambda cols: flat[: B * c * (cols.stop - cols.start)].view(B, c, -1)
+
+
+def _sq_norms(z2t: Tensor) -> Tensor:
+    return (z2t * z2t).sum(-1).unsqueeze(-2)  # (B, 1, w)
+
+
+def _kernel_tiles(value: Callable, z1: Tensor, z2: Tensor) -> Iterator[tuple[slice, Tensor]]:
+    """Yield ``(cols, Φ[:, :, cols])`` tile by tile, each written into the same buffer."""
+    B, c, _ = z1.shape
+    sq1 = (z1 * z1).sum(-1, keepdim=True)  # (B, c, 1)
+    tiles = _tiles(z2.shape[1], B * c)
+    tile = _tile_buffer(z1, B, c, tiles)
+    for cols in tiles:
+        z2t, K = z2[:, cols], tile(cols)  # (B, w, d), (B, c, w)
+        torch.bmm(z1, z2t.mT, out=K)  # inner products
+        value(K, sq1, _sq_norms(z2t))  # K ← φ(D²)
+        yield cols, K
+
+
+def stationary_rule(profile: str, *, compiled: bool) -> ChunkRule:
+    """A :class:`ChunkRule` for :math:`\\Phi V` with the named profile on 3-D inputs.
+
+    Args:
+        profile: a key of :data:`PROFILES`.
+        compiled: compile the elementwise functions with ``torch.compile``.
+
+    Returns:
+        A rule for :func:`gpscale.linalg.chunked.chunked_product` with inputs ``z1`` (B, n1, d),
+        ``z2`` (B, n2, d), ``rhs`` (B, n2, k) and output (B, n1, k).
+    """
+    value, value_vjp = PROFILES[profile]
+    if compiled:
+        value, value_vjp = _compiled(value), _compiled(value_vjp)
+
+    def forward(z1: Tensor, z2: Tensor, rhs: Tensor) -> Tensor:
+        out = z1.new_zeros(*z1.shape[:2], rhs.shape[-1])  # (B, c, k)
+        for cols, K in _kernel_tiles(value, z1, z2):
+            out.baddbmm_(K, rhs[:, cols])
+        return out
+
+    def transpose_product(z1: Tensor, z2: Tensor, grad_out: Tensor) -> Tensor:
+        grad_rhs = z2.new_empty(*z2.shape[:2], grad_out.shape[-1])  # (B, n2, k)
+        for cols, K in _kernel_tiles(value, z1, z2):
+            torch.bmm(K.mT, grad_out, out=grad_rhs[:, cols])
+        return grad_rhs
+
+    def vjp(z1: Tensor, z2: Tensor, rhs: Tensor, grad_out: Tensor, needs: tuple[bool, ...]):
+        B, c, _ = z1.shape
+        if not (needs[0] or needs[1]):  # only V̄ = Φᵀ Ȳ: no profile derivative needed
+            return None, None, transpose_product(z1, z2, grad_out)
+        grad_z1, grad_z2 = torch.zeros_like(z1), torch.zeros_like(z2)
+        grad_rhs = torch.zeros_like(rhs) if needs[2] else None
+        sq1 = (z1 * z1).sum(-1, keepdim=True)  # (B, c, 1)
+        tiles = _tiles(z2.shape[1], B * c)
+        tile_K, tile_H = _tile_buffer(z1, B, c, tiles), _tile_buffer(z1, B, c, tiles)
+        for cols in tiles:
+            z2t, rhs_t = z2[:, cols], rhs[:, cols]  # (B, w, d), (B, w, k)
+            K, H = tile_K(cols), tile_H(cols)  # (B, c, w) each
+            torch.bmm(z1, z2t.mT, out=K)
+            torch.bmm(grad_out, rhs_t.mT, out=H)  # G = Ȳ Vᵀ
+            H_rows, H_cols = value_vjp(K, sq1, _sq_norms(z2t), H)
+            if grad_rhs is not None:
+                grad_rhs[:, cols] += torch.bmm(K.mT, grad_out)
+            grad_z1 += 2.0 * (H_rows.unsqueeze(-1) * z1 - torch.bmm(H, z2t))
+            grad_z2[:, cols] += 2.0 * (H_cols.unsqueeze(-1) * z2t - torch.bmm(H.mT, z1))
+        return grad_z1, grad_z2, grad_rhs
+
+    return ChunkRule(forward=forward, vjp=vjp)

@@ -1,0 +1,136 @@
+"""Small structure-aware linear-algebra functions: matmul closures, upcasting, safe Cholesky.
+
+``as_matmul`` dispatches on the operator's type (``functools.singledispatch``): a dense tensor, a
+``LinearOperator`` or any callable ``V ↦ A V`` all become a callable. ``upcast`` is the one place
+where small dense factorisations move to float64 (STYLE §4). ``safe_cholesky`` retries with growing
+jitter, warns when jitter was needed and raises :class:`gpscale.errors.NumericalError` past the
+bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import torch
+from linear_operator.operators import LinearOperator
+
+from gpscale.errors import NumericalError
+from gpscale.typing import Float, Tensor
+
+__all__ = [
+    "JITTER_START",
+    "Matmul",
+    "add_jitter",
+    "as_matmul",
+    "rademacher",
+    "safe_cholesky",
+    "upcast",
+]
+
+Matmul = Callable[[Tensor], Tensor]
+
+JITTER_START = {torch.float64: 1e-8, torch.float32: 1e-6, torch.float16: 1e-3,
+                torch.bfloat16: 1e-2}
+"""First jitter of :func:`safe_cholesky`, relative to the mean diagonal, per dtype."""
+
+
+@functools.singledispatch
+def as_matmul(A) -> Matmul:
+    """A callable ``V ↦ A V`` for ``A`` a tensor (n, n), a ``LinearOperator`` or a callable."""
+    if callable(A):
+        return A
+    raise TypeError(f"expected a tensor, a LinearOperator or a callable V -> A V; got {type(A)}")
+
+
+@as_matmul.register
+def _(A: Tensor) -> Matmul:
+    return A.matmul
+
+
+@as_matmul.register
+def _(A: LinearOperator) -> Matmul:
+    return A.matmul
+
+
+def rademacher(n: int, num_probes: int, *, dtype: torch.dtype | None = None,
+               device: torch.device | str | None = None,
+               generator: torch.Generator | None = None) -> Tensor:
+    """(n, num_probes) independent ±1 entries with probability ½ each."""
+    bits = torch.randint(0, 2, (n, num_probes), generator=generator, device=device)
+    return (2 * bits - 1).to(dtype or torch.get_default_dtype())
+
+
+def upcast(A: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``A`` in ``dtype`` (float64 by default) for a small dense factorisation; no-op when equal.
+
+    Args:
+        A: any tensor.
+        dtype: the factorisation dtype.
+    """
+    return A if A.dtype == dtype else A.to(dtype)
+
+
+def add_jitter(A: Tensor, jitter: Tensor | float) -> Tensor:
+    """``A + jitter · I`` for square (..., n, n) ``A``; ``jitter`` a scalar or (...,)."""
+    jitter = torch.as_tensor(jitter, dtype=A.dtype, device=A.device)
+    return A + jitter[..., None, None] * torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+
+
+def _start_jitter(A: Tensor, jitter: float | None) -> Tensor:
+    if jitter is not None:
+        return torch.full(A.shape[:-2], float(jitter), dtype=A.dtype, device=A.device)
+    scale = A.diagonal(dim1=-2, dim2=-1).abs().mean(-1)  # (...,)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return JITTER_START.get(A.dtype, 1e-6) * scale
+
+
+def safe_cholesky(A: Float[Tensor, "*b n n"], *, jitter: float | None = None, max_tries: int = 5,
+                  name: str = "matrix") -> Float[Tensor, "*b n n"]:
+    """Lower Cholesky factor of SPD ``A``, adding growing jitter when the plain factorisation fails.
+
+    Tries ``cholesky(A)``; on failure ``cholesky(A + j I)`` for ``j = j0 · 10^t``, t = 0 …
+    ``max_tries − 1``, where ``j0 = jitter`` or :data:`JITTER_START` [dtype] · mean |diag A|.
+    Only the failing members of a batch get jitter.
+
+    Args:
+        A: symmetric positive (semi-)definite (..., n, n).
+        jitter: absolute first jitter; default relative to the mean diagonal (see above).
+        max_tries: number of jittered attempts (≥ 0).
+        name: what ``A`` is, for the warning and the error message.
+
+    Returns:
+        L (..., n, n), lower triangular with ``L Lᵀ = A + j I`` (j = 0 when no jitter was needed).
+
+    Warns:
+        RuntimeWarning: naming the jitter that was added.
+
+    Raises:
+        NumericalError: naming ``name``, the shape, dtype and last jitter, past ``max_tries``.
+    """
+    L, info = torch.linalg.cholesky_ex(A)
+    if not bool((info > 0).any()):
+        return L
+    failed = info > 0  # (...,)
+    jitter0 = _start_jitter(A, jitter)
+    last = jitter0
+    for attempt in range(max_tries):
+        last = jitter0 * 10.0**attempt
+        L_try, info = torch.linalg.cholesky_ex(add_jitter(A, torch.where(failed, last, 0.0)))
+        if not bool((info > 0).any()):
+            warnings.warn(f"Cholesky of {name} {tuple(A.shape)} ({A.dtype}) needed jitter "
+                          f"{_describe(last[failed])} on the diagonal", RuntimeWarning,
+                          stacklevel=2)
+            return L_try
+    raise NumericalError(
+        f"Cholesky of {name} {tuple(A.shape)} ({A.dtype}) failed: not positive definite even "
+        f"with jitter {_describe(last[failed])} after {max_tries} tries. Increase the noise or "
+        f"jitter (jitter=..., max_tries=...), use float64, or check {name} for NaN/inf or "
+        f"duplicated inputs.")
+
+
+def _describe(values: Tensor) -> str:
+    if values.numel() == 1:
+        return f"{values.item():.3g}"
+    return f"up to {values.max().item():.3g}"

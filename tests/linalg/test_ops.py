@@ -1,0 +1,101 @@
+"""safe_cholesky, upcast, as_matmul and rademacher against torch.linalg."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from linear_operator.operators import DenseLinearOperator
+from tests.linalg._matrices import spd, spd_with_spectrum
+
+from gpscale.errors import NumericalError
+from gpscale.linalg.ops import add_jitter, as_matmul, rademacher, safe_cholesky, upcast
+
+
+def test_safe_cholesky_well_conditioned_needs_no_jitter(generator):
+    """A well-conditioned SPD matrix factorises exactly, without a warning."""
+    A = spd(20, 1e3, generator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        L = safe_cholesky(A)
+    torch.testing.assert_close(L, torch.linalg.cholesky(A), rtol=0, atol=0)
+
+
+def test_safe_cholesky_singular_adds_named_jitter(generator):
+    """A rank-deficient PSD matrix gets jitter 1e-8 · mean diag (float64) and a warning."""
+    eigenvalues = torch.cat([torch.ones(3), torch.zeros(7)]).double()
+    A = spd_with_spectrum(eigenvalues, generator) - 1e-12 * torch.eye(10)
+    jitter = 1e-8 * A.diagonal().mean().item()
+    with pytest.warns(RuntimeWarning, match=f"Cholesky of gram \\(10, 10\\).*{jitter:.3g}"):
+        L = safe_cholesky(A, name="gram")
+    torch.testing.assert_close(L @ L.mT, add_jitter(A, jitter), rtol=0, atol=1e-12)
+
+
+def test_safe_cholesky_grows_jitter_tenfold(generator):
+    """A matrix with eigenvalue −5e-7 needs the third jitter, 1e-8 · 10²."""
+    eigenvalues = torch.cat([torch.tensor([-5e-7]), torch.ones(5)]).double()
+    A = spd_with_spectrum(eigenvalues, generator)
+    scale = A.diagonal().mean().item()
+    with pytest.warns(RuntimeWarning, match=f"{1e-6 * scale:.3g}"):
+        L = safe_cholesky(A)
+    torch.testing.assert_close(L @ L.mT, add_jitter(A, 1e-6 * scale), rtol=0, atol=1e-12)
+
+
+def test_safe_cholesky_indefinite_raises_numerical_error(generator):
+    """An indefinite matrix fails past the bound; the message names what to change."""
+    A = spd_with_spectrum(torch.tensor([-1.0, 1.0, 2.0], dtype=torch.float64), generator)
+    with pytest.raises(NumericalError, match=r"K_zz \(3, 3\) \(torch.float64\).*jitter "
+                                             r".*after 5 tries. Increase the noise or jitter"):
+        safe_cholesky(A, name="K_zz")
+
+
+def test_safe_cholesky_batch_jitters_only_failing_members(generator):
+    """In a batch, the positive-definite member keeps its exact factor."""
+    good = spd(4, 10.0, generator)
+    bad = spd_with_spectrum(torch.tensor([0.0, 1.0, 1.0, 1.0], dtype=torch.float64),
+                            generator) - 1e-12 * torch.eye(4)
+    with pytest.warns(RuntimeWarning):
+        L = safe_cholesky(torch.stack([good, bad]))
+    torch.testing.assert_close(L[0], torch.linalg.cholesky(good), rtol=0, atol=0)
+    jitter = 1e-8 * bad.diagonal().mean().item()
+    torch.testing.assert_close(L[1] @ L[1].mT, add_jitter(bad, jitter), rtol=0, atol=1e-12)
+
+
+def test_safe_cholesky_float32_starts_at_1e_6(generator):
+    """float32 starts the jitter at 1e-6 · mean diag."""
+    A = spd_with_spectrum(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), generator)
+    A32 = (A - 1e-7 * torch.eye(3)).float()
+    with pytest.warns(RuntimeWarning, match=f"{1e-6 * A32.diagonal().mean().item():.3g}"):
+        safe_cholesky(A32)
+
+
+def test_upcast_is_one_named_conversion():
+    """upcast returns float64 and leaves float64 tensors untouched (same object)."""
+    a = torch.ones(3, dtype=torch.float32)
+    assert upcast(a).dtype == torch.float64
+    b = torch.ones(3, dtype=torch.float64)
+    assert upcast(b) is b
+
+
+@pytest.mark.parametrize("wrap", [lambda A: A, DenseLinearOperator, lambda A: A.matmul],
+                         ids=["tensor", "linear_operator", "callable"])
+def test_as_matmul(wrap, generator):
+    """Tensors, LinearOperators and callables all become V ↦ A V."""
+    A = spd(5, 10.0, generator)
+    V = torch.randn(5, 2, generator=generator)
+    torch.testing.assert_close(as_matmul(wrap(A))(V), A @ V)
+
+
+def test_as_matmul_rejects_other_types():
+    """A non-callable, non-tensor operator is a TypeError."""
+    with pytest.raises(TypeError, match="LinearOperator or a callable"):
+        as_matmul(3)
+
+
+def test_rademacher_entries_and_reproducibility():
+    """Entries are ±1 with mean ≈ 0; the same seed gives the same probes."""
+    Z = rademacher(1000, 8, generator=torch.Generator().manual_seed(1))
+    assert set(Z.unique().tolist()) == {-1.0, 1.0}
+    assert abs(Z.mean().item()) < 0.05  # 8000 draws: 4.5 standard deviations
+    torch.testing.assert_close(Z, rademacher(1000, 8, generator=torch.Generator().manual_seed(1)))
