@@ -3,12 +3,12 @@
 Importing this package registers the four method keys (see :mod:`gpscale.methods.registry`).
 """
 
-from gpscale.methods.baselines.cggp import CGGP, CGSettings, build_cggp
+from gpscale.methods.baselines.cggp import CGSettings, build_cggp
 from gpscale.methods.baselines.exact import CholeskySettings, ExactGPyTorch, build_exact
 from gpscale.methods.baselines.sgpr import SGPR, build_sgpr
 from gpscale.methods.baselines.svgp import SVGP, SVGPSettings, SVGPState, build_svgp
 
 __all__ = [
-    "CGGP", "CGSettings", "CholeskySettings", "ExactGPyTorch", "SGPR", "SVGP", "SVGPSettings",
+    "CGSettings", "CholeskySettings", "ExactGPyTorch", "SGPR", "SVGP", "SVGPSettings",
     "SVGPState", "build_cggp", "build_exact", "build_sgpr", "build_svgp",
 ]

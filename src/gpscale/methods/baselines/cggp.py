@@ -5,8 +5,9 @@ Process Inference with GPU Acceleration", arXiv:1809.11165; settings as in Wang 
 "Exact Gaussian Processes on a Million Data Points", arXiv:1903.08114 (CG tolerance 1 for
 training, 0.01 for prediction, pivoted-Cholesky preconditioner).
 
-The model is the one of :mod:`gpscale.methods.baselines.exact` (same notation, loss and
-predictive); only the linear algebra differs:
+The model is :class:`~gpscale.methods.baselines.exact.ExactGPyTorch` (same notation, loss and
+predictive) configured with :class:`CGSettings` instead of Cholesky settings; only the linear
+algebra differs:
 
 - solves (K + σ²I)⁻¹v by preconditioned CG to relative residual ``cg_tolerance`` (training) or
   ``eval_cg_tolerance`` (prediction), at most ``max_cg_iterations`` iterations;
@@ -34,8 +35,6 @@ from typing import Any
 import gpytorch
 from torch import Tensor
 
-from gpscale.distributions import Predictive
-from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.baselines._common import (
     check_task_and_init,
     follow_init,
@@ -44,16 +43,10 @@ from gpscale.methods.baselines._common import (
     prior_options,
     translate_cholesky_errors,
 )
-from gpscale.methods.baselines._exactgp import (
-    ConditionedExactGP,
-    ExactGPState,
-    gaussian_predictive,
-    negative_mll,
-)
+from gpscale.methods.baselines.exact import ExactGPyTorch
 from gpscale.methods.registry import MethodSpec, register
-from gpscale.validation import check_x, check_xy
 
-__all__ = ["CGSettings", "CGGP", "build_cggp"]
+__all__ = ["CGSettings", "build_cggp"]
 
 
 @dataclass(frozen=True)
@@ -116,63 +109,12 @@ class CGSettings:
         return stack
 
 
-class CGGP(Method):
-    """GPyTorch's exact GP regression through CG/Lanczos (key ``cggp``).
-
-    Args:
-        mean: GPyTorch mean module.
-        kernel: GPyTorch kernel.
-        likelihood: GPyTorch Gaussian likelihood.
-        settings: the CG/Lanczos settings applied inside every call.
-        num_dims: input dimension d.
-        options: resolved factory options (stored as ``self.options``).
-
-    Example:
-        >>> import torch
-        >>> from gpscale.methods import build
-        >>> x = torch.randn(20, 2, dtype=torch.float64); y = x.sum(1)
-        >>> model = build("cggp", 2, init=(x, y), eval_cg_tolerance=1e-6)
-        >>> model.predict(model.condition(x, y), x[:3]).mean.shape
-        torch.Size([3])
-    """
-
-    key = "cggp"
-
-    def __init__(self, mean: gpytorch.means.Mean, kernel: gpytorch.kernels.Kernel,
-                 likelihood: gpytorch.likelihoods.GaussianLikelihood, settings: CGSettings, *,
-                 num_dims: int, options: dict[str, Any] | None = None):
-        super().__init__(task="regression", options=options)
-        self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
-        self.settings = settings
-        self.num_dims = num_dims
-
-    def condition(self, x: Tensor, y: Tensor) -> ExactGPState:
-        """An ExactGP on (x, y) sharing this module's parameters; never mutates the module."""
-        check_x(x, num_dims=self.num_dims)
-        check_xy(x, y)
-        y = y.to(x.dtype)
-        return ExactGPState(x, y, ConditionedExactGP(x, y, self.mean, self.kernel,
-                                                      self.likelihood))
-
-    def loss(self, state: ExactGPState) -> Tensor:
-        """Stochastic estimate of −log p(y)/n (CG inverse quadratic, SLQ log-determinant)."""
-        with self.settings.context():
-            return negative_mll(state)
-
-    def predict(self, state: ExactGPState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
-        """Marginal predictive with CG solves, in chunks of ``chunk_size`` test points."""
-        check_x(x_test, num_dims=self.num_dims, name="x_test")
-        with self.settings.context():
-            return predict_in_chunks(lambda xc: gaussian_predictive(state, xc), x_test,
-                                     chunk_size)
-
-
 def build_cggp(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
                init: tuple[Tensor, Tensor] | None = None, cg_tolerance: float = 1.0,
                eval_cg_tolerance: float = 0.01, max_cg_iterations: int = 1000,
                num_trace_samples: int = 10, max_lanczos_quadrature_iterations: int = 20,
                max_preconditioner_size: int = 15, min_preconditioning_size: int = 2000,
-               **prior: Any) -> CGGP:
+               **prior: Any) -> ExactGPyTorch:
     """Factory of ``cggp`` (see :mod:`gpscale.methods.registry`).
 
     Args:
@@ -195,8 +137,8 @@ def build_cggp(num_dims: int, *, task: str = "regression", num_classes: int | No
                           min_preconditioning_size)
     opts = prior_options(init, task, num_dims, **prior)
     mean, kernel = prior_modules(num_dims, opts)
-    model = CGGP(mean, kernel, gaussian_likelihood(opts["noise"]), settings,
-                 num_dims=num_dims, options={**opts, **asdict(settings)})
+    model = ExactGPyTorch(mean, kernel, gaussian_likelihood(opts["noise"]), settings,
+                          num_dims=num_dims, options={**opts, **asdict(settings)})
     return follow_init(model, init)
 
 

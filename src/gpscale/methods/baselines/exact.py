@@ -107,7 +107,11 @@ class CholeskySettings:
 
 
 class ExactGPyTorch(Method):
-    """GPyTorch's exact GP regression with Cholesky solves (key ``exact``).
+    """GPyTorch's exact GP regression; ``settings`` choose the linear algebra.
+
+    :class:`CholeskySettings` give the dense baseline (key ``exact``);
+    :class:`~gpscale.methods.baselines.cggp.CGSettings` give GPyTorch's CG/Lanczos path (key
+    ``cggp``), whose loss is then a stochastic estimate.
 
     Args:
         mean: GPyTorch mean module.
@@ -126,11 +130,9 @@ class ExactGPyTorch(Method):
         torch.Size([3])
     """
 
-    key = "exact"
-
     def __init__(self, mean: gpytorch.means.Mean, kernel: gpytorch.kernels.Kernel,
                  likelihood: gpytorch.likelihoods.GaussianLikelihood,
-                 settings: CholeskySettings, *, num_dims: int,
+                 settings: Any, *, num_dims: int,
                  options: dict[str, Any] | None = None):
         super().__init__(task="regression", options=options)
         self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
@@ -146,7 +148,11 @@ class ExactGPyTorch(Method):
                                                       self.likelihood))
 
     def loss(self, state: ExactGPState) -> Tensor:
-        """−log p(y)/n (R&W Eq. 2.30) by GPyTorch's ExactMarginalLogLikelihood."""
+        """−log p(y)/n (R&W Eq. 2.30) by GPyTorch's ExactMarginalLogLikelihood.
+
+        Exact under Cholesky settings; under CG settings the quadratic term is a CG solve and
+        the log-determinant a stochastic Lanczos estimate.
+        """
         with self.settings.context():
             return negative_mll(state)
 
