@@ -38,8 +38,11 @@ COLUMNS = ("dataset", "method", "n_train", "num_dims", "epochs", "train_time_s",
            "noise", "stopped")
 
 
-def _plan(quick: bool):
-    datasets = ("parkinsons",) if quick else DATASETS
+def _plan(quick: bool, datasets: tuple[str, ...] | None):
+    datasets = datasets or (("parkinsons",) if quick else DATASETS)
+    unknown = set(datasets) - set(DATASETS)
+    if unknown:
+        raise ValueError(f"peers runs on {', '.join(DATASETS)}; got {sorted(unknown)}")
     for dataset in datasets:
         for method, options, overrides in PLAN:
             if method == "exact" and dataset != "parkinsons":
@@ -49,10 +52,11 @@ def _plan(quick: bool):
             yield dataset, method, options, overrides
 
 
-def run(out_dir: Path, *, quick: bool = False) -> list[dict[str, Any]]:
-    """Run every (dataset, method) of the plan; write the report into ``out_dir``."""
+def run(out_dir: Path, *, quick: bool = False,
+        datasets: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """Run every (dataset, method) of the plan (or only ``datasets``); report into ``out_dir``."""
     rows = []
-    for dataset, method, options, overrides in _plan(quick):
+    for dataset, method, options, overrides in _plan(quick, datasets):
         log.info("peers: %s on %s", method, dataset)
         spec = RunSpec(method=method, dataset=dataset, split=0, seed=0,
                        options={"kernel": "matern32", "ard": True, **options},

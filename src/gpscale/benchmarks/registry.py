@@ -36,12 +36,17 @@ SUITES: dict[str, Suite] = {
 }
 
 
-def run_suite(name: str, out_dir: str | Path, *, quick: bool = False) -> Path:
-    """Run suite ``name`` into ``out_dir``; returns the path of its ``report.md``."""
+def run_suite(name: str, out_dir: str | Path, *, quick: bool = False,
+              datasets: tuple[str, ...] | None = None) -> Path:
+    """Run suite ``name`` into ``out_dir``; returns the path of its ``report.md``.
+
+    ``datasets`` restricts a suite that runs on several datasets to those named.
+    """
     if name not in SUITES:
         raise ValueError(f"unknown benchmark suite {name!r}; valid suites: "
                          f"{', '.join(SUITES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    SUITES[name].runner()(out, quick=quick)
+    extra = {"datasets": datasets} if datasets else {}
+    SUITES[name].runner()(out, quick=quick, **extra)
     return out / "report.md"

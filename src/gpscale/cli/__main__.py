@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("suite", help="suite name (`gpscale bench list` lists them)")
     bench.add_argument("--out", help="output folder (default runs/bench-SUITE)")
     bench.add_argument("--quick", action="store_true", help="a small smoke-test version")
+    bench.add_argument("--datasets", help="comma-separated subset of the suite's datasets")
 
     ds = sub.add_parser("datasets", help="list datasets, or download one")
     ds_sub = ds.add_subparsers(dest="action")
@@ -135,7 +136,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         for name, suite in SUITES.items():
             print(f"{name:12s} {suite.summary}")
         return 0
-    report = run_suite(args.suite, args.out or f"runs/bench-{args.suite}", quick=args.quick)
+    datasets = tuple(args.datasets.split(",")) if args.datasets else None
+    report = run_suite(args.suite, args.out or f"runs/bench-{args.suite}", quick=args.quick,
+                       datasets=datasets)
     print(report.read_text())
     return 0
 
