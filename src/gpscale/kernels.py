@@ -30,6 +30,11 @@ from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
 
 from gpscale.linalg import fused
 from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk_size
+from gpscale.linalg.operators.block_sparse import (
+    DEFAULT_SPAN_ROWS,
+    BlockSparseActions,
+    symmetric_kernel_product,
+)
 from gpscale.typing import Float, Tensor
 
 __all__ = [
@@ -37,6 +42,7 @@ __all__ = [
     "BACKENDS",
     "KERNELS",
     "KernelHyperparameters",
+    "kernel_block_sparse_matmul",
     "kernel_diag",
     "kernel_hyperparameters",
     "kernel_matmul",
@@ -243,6 +249,66 @@ def _fused(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int, *,
 
 def _compiled(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
     return _fused(kernel, x1, x2, rhs, chunk, compiled=True)
+
+
+def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
+                               actions: BlockSparseActions, *,
+                               x_rows: Float[Tensor, "t d"] | None = None,
+                               chunk_size: int | None = None,
+                               backend: str = "auto") -> Float[Tensor, "t i"]:
+    """``K(x_rows, x) @ S`` for block-sparse actions S (n, i), matrix-free and differentiable.
+
+    With ``x_rows=None`` this is the training product K(x, x) S. For a kernel
+    :func:`kernel_hyperparameters` recognises it runs
+    :func:`~gpscale.linalg.operators.block_sparse.symmetric_kernel_product`: tiles of at most
+    ``chunk_size²`` entries, each off-diagonal tile used twice (K is symmetric), O(n) work per
+    kernel row, recomputation in backward. Otherwise, and for ``x_rows`` given (prediction), row
+    chunks of ``K(x_rows, x)`` (at most ``chunk_size × n`` entries, forward and backward) are
+    reduced block by block. No n × n tensor exists in either case.
+
+    Args:
+        kernel: a GPyTorch kernel without batch shape.
+        x: (n, d) the inputs the actions act on (data order).
+        actions: S, with ``actions.layout.num_points == n``.
+        x_rows: (t, d) row inputs, or ``None`` for ``x`` itself (symmetric training product).
+        chunk_size: rows per chunk (span); default ``DEFAULT_SPAN_ROWS`` for the symmetric
+            product, ``DEFAULT_MAX_KERNEL_ENTRIES / n`` rows otherwise.
+        backend: one of :data:`BACKENDS`; 'keops' (no block reduction there) runs 'compiled',
+            'eager' always takes the row-chunked GPyTorch path.
+
+    Returns:
+        (t, i), or (n, i) for ``x_rows=None``, rows in data order.
+
+    Raises:
+        ValueError: shapes that do not match, a batched kernel, or an unknown backend.
+    """
+    if actions.transposed or actions.layout.num_points != x.shape[-2] or x.dim() != 2:
+        raise ValueError(f"kernel_block_sparse_matmul needs x (n, d) and actions (n, i); got x "
+                         f"{tuple(x.shape)} and actions {tuple(actions.shape)}")
+    if kernel.batch_shape != _NO_BATCH:
+        raise ValueError("kernel_block_sparse_matmul supports kernels without batch_shape; got "
+                         f"{tuple(kernel.batch_shape)}")
+    name = select_backend(kernel, x, x, backend)
+    if x_rows is not None or name == "eager":
+        return _block_sparse_rows(kernel, x if x_rows is None else x_rows, x, actions,
+                                  chunk_size)
+    hp = _require_hyperparameters(kernel, name)
+    z, _, _, _ = _scaled_inputs(hp, x, x, x[..., :1])
+    out = symmetric_kernel_product(hp.profile, z[0][actions.index], actions.values,
+                                   actions.layout, compiled=name != "fused",
+                                   chunk_size=chunk_size or DEFAULT_SPAN_ROWS)  # block order
+    return hp.outputscale * out[actions.inverse_index()]
+
+
+def _block_sparse_rows(kernel: Kernel, x_rows: Tensor, x: Tensor, actions: BlockSparseActions,
+                       chunk_size: int | None) -> Tensor:
+    """Row chunks of K(x_rows, x[index]) reduced block by block (any kernel)."""
+    layout = actions.layout
+    params = tuple(p for p in kernel.parameters() if p.requires_grad)
+    rule = autograd_rule(
+        lambda a, b, v: layout.segment_sum(kernel(a, b).to_dense() * v[:, 0]), params)
+    return chunked_product(rule, x_rows, x[actions.index], actions.values[:, None],
+                           chunk_size=chunk_size or default_chunk_size(x.shape[-2]))
 
 
 _KEOPS_PROFILES = {

@@ -74,3 +74,4 @@ def build(key: str, num_dims: int, *, task: str = "regression", num_classes: int
 def _load_builtin() -> None:
     """Import the built-in method modules, each of which registers its keys."""
     import gpscale.methods.baselines  # noqa: F401
+    import gpscale.methods.cagp  # noqa: F401

@@ -1,0 +1,100 @@
+r"""Learned block-sparse actions (CaGP-Opt): one trainable block of ≈ n/i entries per action.
+
+Wenger et al. (2024), arXiv:2411.01036, Sec. 4.2, Eq. (13)–(14). The paper leaves the block
+assignment, the case i ∤ n and the initialisation open (notes/001 §4.3); here:
+
+- **Assignment.** A seeded random permutation of 0 … n−1 is cut into contiguous ranges: ρ = n mod i
+  blocks of k + 1 points, then i − ρ blocks of k = ⌊n/i⌋ points (see
+  :class:`~gpscale.linalg.operators.block_sparse.BlockLayout`). Every point is used.
+- **Initialisation** (:func:`initial_values`, the options of the authors' code): ``'random'``
+  entries N(0, 1)/√(block size); ``'targets'`` the block's targets; ``'eigen'`` the top eigenvector
+  of each diagonal kernel block K(X_Ij, X_Ij).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from gpscale.linalg.operators.block_sparse import BlockLayout, BlockSparseActions
+from gpscale.typing import Float, Int, Tensor
+
+__all__ = ["ACTION_INITS", "LearnedBlockSparsePolicy", "block_assignment", "initial_values"]
+
+ACTION_INITS = ("random", "targets", "eigen")
+
+
+def block_assignment(num_points: int, seed: int) -> Int[Tensor, " n"]:
+    """(n,) a random permutation from ``torch.Generator().manual_seed(seed)``: the block order."""
+    return torch.randperm(num_points, generator=torch.Generator().manual_seed(seed))
+
+
+def initial_values(how: str, layout: BlockLayout, index: Int[Tensor, " n"], *,
+                   y: Float[Tensor, " n"] | None = None,
+                   block_kernel: Callable[[Tensor], Tensor] | None = None,
+                   generator: torch.Generator | None = None) -> Float[Tensor, " n"]:
+    """Initial action entries (n,) in block order.
+
+    Args:
+        how: one of :data:`ACTION_INITS`.
+        layout: the block layout.
+        index: (n,) the data points in block order.
+        y: (n,) targets in data order (for ``'targets'``).
+        block_kernel: maps data indices (b, k) to kernel blocks (b, k, k) (for ``'eigen'``).
+        generator: for ``'random'``.
+
+    Raises:
+        ValueError: an unknown ``how`` or a missing argument it needs.
+    """
+    if how not in ACTION_INITS:
+        raise ValueError(f"unknown action init {how!r}; valid: {', '.join(ACTION_INITS)}")
+    sizes = torch.tensor(layout.sizes())
+    if how == "random":
+        scale = torch.repeat_interleave(sizes, sizes).rsqrt()  # 1/√k per entry
+        return torch.randn(layout.num_points, generator=generator) * scale
+    if how == "targets":
+        if y is None:
+            raise ValueError("action init 'targets' needs the training targets")
+        return y[index.to(y.device)]
+    if block_kernel is None:
+        raise ValueError("action init 'eigen' needs the kernel blocks")
+    parts = []
+    for span in layout.spans(layout.num_points):  # one span per block size
+        blocks = index[span.rows].view(span.count, span.size)
+        _, vectors = torch.linalg.eigh(block_kernel(blocks))  # ascending eigenvalues
+        parts.append(vectors[..., -1].flatten())  # (count · size,) top eigenvectors
+    return torch.cat(parts)
+
+
+class LearnedBlockSparsePolicy(nn.Module):
+    """A batch policy whose parameters are the non-zero entries of S (n, i).
+
+    Args:
+        num_points: n.
+        num_actions: i (1 ≤ i ≤ n).
+        seed: seeds the block assignment (:func:`block_assignment`).
+        values: (n,) initial entries in block order; zeros (to be loaded) when ``None``.
+
+    Example:
+        >>> policy = LearnedBlockSparsePolicy(10, 3)
+        >>> policy().shape, policy.layout.sizes()
+        (torch.Size([10, 3]), [4, 3, 3])
+    """
+
+    def __init__(self, num_points: int, num_actions: int, *, seed: int = 0,
+                 values: Tensor | None = None):
+        super().__init__()
+        self.layout = BlockLayout(num_points, num_actions)
+        self.register_buffer("index", block_assignment(num_points, seed))
+        self.values = nn.Parameter(torch.zeros(num_points) if values is None else values)
+
+    def forward(self, matmul: Callable[[Tensor], Tensor] | None = None,
+                rhs: Tensor | None = None) -> BlockSparseActions:
+        """The actions S (n, i); ``matmul`` and ``rhs`` are not needed by a learned policy."""
+        if rhs is not None and rhs.shape[0] != self.layout.num_points:
+            raise ValueError(f"the actions were learned for {self.layout.num_points} training "
+                             f"points; got {rhs.shape[0]}. CaGP-Opt conditions on the data it "
+                             "was trained on.")
+        return BlockSparseActions(self.values, self.index, num_blocks=self.layout.num_blocks)
