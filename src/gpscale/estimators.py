@@ -25,7 +25,7 @@ from gpscale.data.transforms import Standardizer
 from gpscale.distributions import Predictive
 from gpscale.io import model_from_payload, model_payload
 from gpscale.methods.registry import build, get_spec
-from gpscale.training import History, fit, resolve_fit_config
+from gpscale.training import History, condition_only, fit, resolve_fit_config
 
 __all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload"]
 
@@ -89,11 +89,15 @@ class _GPEstimator(BaseEstimator):
             model = build(self.method, xs.shape[1], task=self._task, num_classes=num_classes,
                           init=(xs, ys), **self._options)
             model.to(dtype)
-            self.history_: History = fit(model, None, (xs, ys), config)
+            state = None
+            if model.trainable:
+                self.history_: History = fit(model, None, (xs, ys), config)
+            else:
+                self.history_, state = condition_only(model, (xs, ys))
         self.model_ = model
         self.fit_config_ = config
         self._train = (xs, ys)
-        self._state = _condition(model, self._train)
+        self._state = _condition(model, self._train) if state is None else state
         self.n_features_in_ = x.shape[1]
 
     def _transform_xy(self, x, y):

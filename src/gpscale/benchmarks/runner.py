@@ -24,7 +24,14 @@ from gpscale.errors import NonFiniteLossError
 from gpscale.io import save
 from gpscale.methods.base import Method
 from gpscale.methods.registry import build, get_spec
-from gpscale.training import Evaluate, FitConfig, History, fit, resolve_fit_config
+from gpscale.training import (
+    Evaluate,
+    FitConfig,
+    History,
+    condition_only,
+    fit,
+    resolve_fit_config,
+)
 
 __all__ = ["RunSpec", "RunResult", "run", "load_data", "predict_test"]
 
@@ -110,10 +117,11 @@ def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
 
 
 def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,
-                 x_test: torch.Tensor) -> Predictive:
-    """Condition on the training data and predict at ``x_test`` without gradients."""
+                 x_test: torch.Tensor, state: Any = None) -> Predictive:
+    """Condition on the training data (unless ``state`` is given) and predict at ``x_test``
+    without gradients."""
     with torch.no_grad():
-        return model.predict(model.condition(x, y), x_test)
+        return model.predict(model.condition(x, y) if state is None else state, x_test)
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -124,24 +132,30 @@ def run(spec: RunSpec) -> RunResult:
     y = data.y_train.to(dtype) if data.task != "classification" else data.y_train
     with torch.random.fork_rng():
         torch.manual_seed(spec.seed)
+        tic = time.perf_counter()
         model = build(spec.method, data.num_dims, task=data.task, num_classes=data.num_classes,
                       init=(x, y), **spec.options)
         model.to(dtype)
+        setup_time = time.perf_counter() - tic  # e.g. IterNCGP's SVGP hyperparameter pre-fit
         callbacks = []
         if spec.eval_every:
             callbacks.append(Evaluate(lambda m: predict_test(m, x, y, x_test), data.y_test,
                                       every=spec.eval_every))
+        state = None
         try:
-            history = fit(model, None, (x, y), config, callbacks)
+            if model.trainable:
+                history = fit(model, None, (x, y), config, callbacks)
+            else:
+                history, state = condition_only(model, (x, y), callbacks)
         except NonFiniteLossError as err:
             _write_partial(spec, err.history)
             raise
     tic = time.perf_counter()
-    pred = predict_test(model, x, y, x_test)
+    pred = predict_test(model, x, y, x_test, state)
     metrics: dict[str, Any] = {
         "method": spec.method, "dataset": data.name, "n_train": data.num_train,
         "n_test": data.num_test, "num_dims": data.num_dims, **pred.metrics(data.y_test),
-        "train_time_s": history.train_time, "epochs": history.epochs,
+        "setup_time_s": setup_time, "train_time_s": history.train_time, "epochs": history.epochs,
         "time_per_epoch_s": history.train_time / max(history.epochs, 1),
         "predict_time_s": time.perf_counter() - tic, "stopped": history.stopped,
         "noise": _noise(pred),

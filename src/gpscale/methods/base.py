@@ -17,6 +17,9 @@ Class attributes describe the method to the training loop, estimators and CLI:
   loop may iterate over batches; otherwise every step sees all the data.
 - ``needs_data_for_prediction``: prediction conditions on the training data (exact, SGPR, CaGP),
   so a saved model must carry it.
+- ``trainable``: the method has parameters to optimise. ``False`` (IterNCGP, SoD-Laplace: fixed
+  hyperparameters) means ``condition`` is the whole fit; the runner and the estimators then call
+  :func:`gpscale.training.condition_only` instead of ``training.fit``.
 
 ``options`` holds the resolved constructor options (JSON-like) from which the registry can build
 an identical, untrained module; ``gpscale.save``/``gpscale.load`` store it with the state dict.
@@ -41,6 +44,7 @@ class Method(nn.Module, ABC):
     key: ClassVar[str] = ""
     minibatch: ClassVar[bool] = False
     needs_data_for_prediction: ClassVar[bool] = True
+    trainable: ClassVar[bool] = True
 
     def __init__(self, *, task: str = "regression", num_classes: int | None = None,
                  options: dict[str, Any] | None = None):

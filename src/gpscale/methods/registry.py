@@ -75,3 +75,4 @@ def _load_builtin() -> None:
     """Import the built-in method modules, each of which registers its keys."""
     import gpscale.methods.baselines  # noqa: F401
     import gpscale.methods.cagp  # noqa: F401
+    import gpscale.methods.iterncgp  # noqa: F401  (registers iterncgp and sod-laplace)

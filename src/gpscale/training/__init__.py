@@ -2,9 +2,10 @@
 
 from gpscale.training.callbacks import Evaluate, LogMetrics
 from gpscale.training.config import FitConfig, resolve_fit_config
-from gpscale.training.fit import default_loss, fit
+from gpscale.training.fit import condition_only, default_loss, fit
 from gpscale.training.history import History
 
 __all__ = [
-    "fit", "default_loss", "FitConfig", "resolve_fit_config", "History", "Evaluate", "LogMetrics",
+    "fit", "condition_only", "default_loss", "FitConfig", "resolve_fit_config", "History",
+    "Evaluate", "LogMetrics",
 ]

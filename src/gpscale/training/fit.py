@@ -30,7 +30,7 @@ from gpscale.errors import NonFiniteLossError
 from gpscale.training.config import FitConfig
 from gpscale.training.history import History
 
-__all__ = ["fit", "default_loss"]
+__all__ = ["fit", "default_loss", "condition_only"]
 
 log = logging.getLogger("gpscale.training")
 LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
@@ -129,6 +129,34 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
     finally:
         bar.close()
     return history
+
+
+def condition_only(model: nn.Module, data: tuple[Tensor, Tensor],
+                   callbacks: Sequence[Any] = ()) -> tuple[History, Any]:
+    """The "fit" of a method with nothing to train (``model.trainable`` is False).
+
+    Runs ``state = model.condition(x, y)`` once without gradients and records one history row
+    (epoch 1, ``time_s`` = the conditioning time, ``loss`` = ``model.loss(state)``); the
+    callbacks run once, outside the clock. ``history.stopped`` is ``"conditioned"``.
+
+    Returns:
+        (history, state): the state is returned so that callers predict without conditioning
+        again.
+    """
+    x, y = data
+    model.eval()
+    tic = time.perf_counter()
+    with torch.no_grad():
+        state = model.condition(x, y)
+        loss = float(model.loss(state))
+    row = {"epoch": 1, "time_s": time.perf_counter() - tic, "loss": loss, "lr": None}
+    if not math.isfinite(loss):
+        raise NonFiniteLossError(f"the loss of the conditioned model is {loss}", epoch=1)
+    _run_callbacks(callbacks, model, 1, row, final=True)
+    history = History()
+    history.append(row)
+    history.stopped = "conditioned"
+    return history, state
 
 
 def _start(model: nn.Module, params: list[nn.Parameter], config: FitConfig) -> _Run:

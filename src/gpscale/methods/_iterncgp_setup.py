@@ -1,0 +1,286 @@
+"""Pieces of IterNCGP and SoD-Laplace around the algorithm: likelihood and kernel construction,
+the SVGP pre-fit of the kernel hyperparameters (paper §C.4), and the predictive per likelihood.
+
+Predictive per likelihood (notes/000 §8), from the latent marginals mean and variance (L, t):
+
+===========  =================================================================================
+Gaussian     latent mean/variance and the noise σ²
+Bernoulli    probit approximation σ(m / √(1 + π v / 8)) (``probs="probit"``) or Monte Carlo
+Softmax      probit approximation softmax(m / √(1 + π v / 8)) per class (§C.3), or Monte Carlo
+             over independent class marginals (``probs="mc"``)
+Poisson      expected rate E[e^f] = exp(m + v / 2), the mean of the log-normal (closed form)
+===========  =================================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from gpytorch.kernels import Kernel
+from torch import Tensor
+
+from gpscale.distributions import Predictive
+from gpscale.kernels import (
+    kernel_diag,
+    kernel_hyperparameters,
+    kernel_matmul,
+    kernel_matrix,
+    make_kernel,
+)
+from gpscale.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, Softmax
+from gpscale.methods.base import probit_binary_probs
+from gpscale.methods.registry import build
+
+__all__ = [
+    "FIT_DEFAULTS", "LatentKernel", "PredictiveOptions", "fixed_kernel", "hyperparameter_options",
+    "latent_predictive", "likelihood_for_task",
+    "prefit_hyperparameters", "probit_softmax_probs",
+]
+
+PROBS = ("probit", "mc")
+FIT_DEFAULTS = {"optimizer": "adam", "lr": 0.01, "epochs": 1, "batch_size": None,
+                "dtype": "float64"}
+"""``MethodSpec.fit_defaults`` of ``iterncgp`` and ``sod-laplace``: nothing is trained (the
+class attribute ``trainable`` is False); float64 as in the paper."""
+
+
+@dataclass(frozen=True)
+class PredictiveOptions:
+    """How class probabilities are integrated.
+
+    Args:
+        probs: ``"probit"`` (MacKay's approximation, the paper's choice) or ``"mc"``.
+        num_samples: Monte Carlo samples per test point for ``"mc"``.
+        seed: seeds the Monte Carlo draws.
+    """
+
+    probs: str = "probit"
+    num_samples: int = 1000
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.probs not in PROBS:
+            raise ValueError(f"probs must be one of {PROBS}; got {self.probs!r}")
+        if self.num_samples < 1:
+            raise ValueError(f"num_samples must be ≥ 1; got {self.num_samples}")
+
+
+def likelihood_for_task(task: str, num_classes: int | None, noise: float | None = None
+                        ) -> Likelihood:
+    """Bernoulli (C = 2), Softmax (C > 2), Poisson (counts) or Gaussian (regression)."""
+    if task == "classification":
+        if num_classes is None or num_classes < 2:
+            raise ValueError(f"classification needs num_classes ≥ 2; got {num_classes}")
+        return Bernoulli() if num_classes == 2 else Softmax(num_classes)
+    if task == "counts":
+        return Poisson()
+    if task == "regression":
+        return Gaussian(1.0 if noise is None else noise)
+    raise ValueError(f"unknown task {task!r}")
+
+
+def fixed_kernel(name: str, num_dims: int, *, ard: bool, num_latents: int, shared: bool,
+                 lengthscale: Any, outputscale: Any) -> Kernel:
+    """A scaled kernel with fixed (``requires_grad=False``) hyperparameters.
+
+    One kernel shared by the L latent GPs (``shared``) or a batch of L kernels (batch_shape
+    (L,)). Values: a lengthscale is a float (a list of d floats with ``ard``); with a batch it
+    may also be given per latent GP, as a list of L floats (L lists of d with ``ard``), and the
+    outputscale as a list of L floats.
+    """
+    batch = torch.Size() if shared or num_latents == 1 else torch.Size([num_latents])
+    kernel = make_kernel(name, num_dims, ard=ard, batch_shape=batch)
+    ls, os_ = torch.as_tensor(lengthscale), torch.as_tensor(outputscale)
+    if batch and ls.dim() == (2 if ard else 1):  # per latent GP
+        ls = ls.reshape(num_latents, 1, -1)
+    kernel.initialize(**{"outputscale": os_, "base_kernel.lengthscale": ls})
+    kernel.requires_grad_(False)
+    return kernel
+
+
+def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int | None,
+                           kernel: str, ard: bool, num_inducing: int, steps: int, lr: float,
+                           batch_size: int, seed: int, per_latent: bool = False
+                           ) -> tuple[Any, Any]:
+    """Kernel hyperparameters from a short SVGP fit (paper §C.4: SVGP, batch 1024, Adam).
+
+    ``steps`` Adam steps (rounded up to whole epochs) on minibatches of ``batch_size``.
+
+    Counts are fitted as SVGP regression on log(1 + y) (the SVGP baseline has no Poisson
+    likelihood). With C > 2 classes SVGP learns one kernel per class: ``per_latent`` returns
+    them all, else the shared values are the geometric mean of the lengthscales and the mean of
+    the outputscales.
+
+    Returns:
+        (lengthscale, outputscale): floats (lengthscale a list of d with ``ard``); with
+        ``per_latent`` and C > 2 lists over the C classes (see :func:`fixed_kernel`).
+    """
+    from gpscale.training import FitConfig, fit  # the registry-facing factory calls training
+
+    svgp_task, targets = (("regression", torch.log1p(y.to(x.dtype))) if task == "counts"
+                          else (task, y))
+    n = x.shape[0]
+    model = build("svgp", x.shape[1], task=svgp_task, num_classes=num_classes, init=(x, targets),
+                  num_inducing=min(num_inducing, n), seed=seed, kernel=kernel, ard=ard)
+    batches = math.ceil(n / batch_size)
+    config = FitConfig(optimizer="adam", lr=lr, epochs=max(1, math.ceil(steps / batches)),
+                       batch_size=batch_size if batch_size < n else None, seed=seed,
+                       progress=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fit(model, None, (x, targets), config)
+    hp = kernel_hyperparameters(model.gp.covar_module)
+    if hp is None:
+        raise ValueError(f"cannot read the hyperparameters of the pre-fitted {kernel!r} kernel")
+    ls = hp.lengthscale.detach().double().reshape(-1, hp.lengthscale.shape[-1])  # (C or 1, d)
+    os_ = hp.outputscale.detach().double().reshape(-1)  # (C or 1,)
+    if per_latent and ls.shape[0] > 1:
+        return (ls.tolist() if ard else ls[:, 0].tolist()), os_.tolist()
+    ls = ls.log().mean(0).exp()  # geometric mean over classes, (d,) or (1,)
+    return (ls.tolist() if ard else float(ls[0])), float(os_.mean())
+
+
+def probit_softmax_probs(mean: Tensor, variance: Tensor) -> Tensor:
+    """softmax(m / √(1 + π v / 8)) over the last axis (probit approximation, paper §C.3)."""
+    return torch.softmax(mean / torch.sqrt(1 + math.pi * variance / 8), -1)
+
+
+def _mc_probs(mean: Tensor, variance: Tensor, link: Callable[[Tensor], Tensor],
+              options: PredictiveOptions) -> Tensor:
+    """E[link(f)] for independent f ~ N(mean, variance) (t, C) by Monte Carlo."""
+    generator = torch.Generator(device=mean.device).manual_seed(options.seed)
+    eps = torch.randn((options.num_samples, *mean.shape), generator=generator,
+                      device=mean.device, dtype=mean.dtype)
+    return link(mean + variance.sqrt() * eps).mean(0)
+
+
+def _binary_mc_link(f: Tensor) -> Tensor:
+    p1 = torch.sigmoid(f[..., 0])
+    return torch.stack([1 - p1, p1], -1)
+
+
+def _gaussian(lik: Gaussian, mean: Tensor, var: Tensor, options: PredictiveOptions) -> Predictive:
+    noise = torch.as_tensor(lik.noise, dtype=mean.dtype, device=mean.device)
+    return Predictive(mean[0], var[0], noise=noise)
+
+
+def _bernoulli(lik: Bernoulli, mean: Tensor, var: Tensor,
+               options: PredictiveOptions) -> Predictive:
+    if options.probs == "probit":
+        probs = probit_binary_probs(mean[0], var[0])
+    else:
+        probs = _mc_probs(mean.mT, var.mT, _binary_mc_link, options)
+    return Predictive(mean[0], var[0], probs=probs)
+
+
+def _softmax(lik: Softmax, mean: Tensor, var: Tensor, options: PredictiveOptions) -> Predictive:
+    mean, var = mean.mT, var.mT  # (t, C)
+    if options.probs == "probit":
+        probs = probit_softmax_probs(mean, var)
+    else:
+        probs = _mc_probs(mean, var, lambda f: torch.softmax(f, -1), options)
+    return Predictive(mean, var, probs=probs)
+
+
+def _poisson(lik: Poisson, mean: Tensor, var: Tensor, options: PredictiveOptions) -> Predictive:
+    return Predictive(mean[0], var[0], rate=torch.exp(mean[0] + var[0] / 2))
+
+
+_PREDICTIVES: dict[type, Callable[..., Predictive]] = {
+    Gaussian: _gaussian, Bernoulli: _bernoulli, Softmax: _softmax, Poisson: _poisson,
+}
+
+
+def latent_predictive(lik: Likelihood, mean: Tensor, variance: Tensor,
+                      options: PredictiveOptions) -> Predictive:
+    """The Predictive for latent marginals ``mean``, ``variance`` (L, t) under ``lik``.
+
+    ``mean``/``variance`` come back as (t,) for one latent function and (t, C) for softmax.
+    """
+    if type(lik) not in _PREDICTIVES:
+        raise ValueError(f"no predictive for likelihood {type(lik).__name__}; supported: "
+                         f"{', '.join(t.__name__ for t in _PREDICTIVES)}")
+    return _PREDICTIVES[type(lik)](lik, mean, variance, options)
+
+
+def resolve_options(**options: Any) -> dict[str, Any]:
+    """JSON-like copy of factory options (tensors and tuples become lists)."""
+    def plain(value):
+        if isinstance(value, Tensor):
+            return value.tolist()
+        return list(value) if isinstance(value, tuple) else value
+
+    return {k: plain(v) for k, v in options.items()}
+
+
+@dataclass(frozen=True)
+class LatentKernel:
+    """Products with the block-diagonal prior covariance of L independent latent GPs.
+
+    K = blockdiag(K_1, …, K_L) in latent-major (NC) ordering. A kernel without batch shape is
+    shared by all L GPs (then one :func:`~gpscale.kernels.kernel_matmul` serves all latents at
+    once); a kernel with batch shape (L,) gives each GP its own hyperparameters.
+
+    Attributes:
+        kernel: a GPyTorch kernel, batch shape () or (L,).
+        num_latents: L.
+        chunk_size: rows per chunk of :func:`~gpscale.kernels.kernel_matmul`.
+        backend: its backend.
+    """
+
+    kernel: Kernel
+    num_latents: int
+    chunk_size: int | None = None
+    backend: str = "auto"
+
+    def __post_init__(self):
+        batch = tuple(self.kernel.batch_shape)
+        if batch not in ((), (self.num_latents,)):
+            raise ValueError(f"the kernel's batch shape must be () (shared) or "
+                             f"({self.num_latents},) (one per latent GP); got {batch}")
+
+    @property
+    def shared(self) -> bool:
+        return tuple(self.kernel.batch_shape) == ()
+
+    def matmul(self, x1: Tensor, x2: Tensor, V: Tensor) -> Tensor:
+        """K(x1, x2) V per latent: x1 (n1, d), x2 (n2, d), V (L, n2, k) → (L, n1, k)."""
+        L, n2, k = V.shape
+        if self.shared:
+            flat = V.permute(1, 0, 2).reshape(n2, L * k)  # (n2, L k)
+            out = kernel_matmul(self.kernel, x1, x2, flat, chunk_size=self.chunk_size,
+                                backend=self.backend)
+            return out.reshape(x1.shape[0], L, k).permute(1, 0, 2)
+        return kernel_matmul(self.kernel, x1, x2, V, chunk_size=self.chunk_size,
+                             backend=self.backend)
+
+    def diag(self, x: Tensor) -> Tensor:
+        """Prior variances k_l(x, x) as (L, t)."""
+        d = kernel_diag(self.kernel, x)
+        return d.expand(self.num_latents, x.shape[0])
+
+    def dense(self, x1: Tensor, x2: Tensor) -> Tensor:
+        """Dense blocks K_l(x1, x2) as (L, n1, n2) (for the subset-of-data baseline)."""
+        K = kernel_matrix(self.kernel, x1, x2)
+        return K.expand(self.num_latents, *K.shape[-2:])
+
+
+def hyperparameter_options(init: tuple[Tensor, Tensor] | None, task: str,
+                           num_classes: int | None, *, kernel: str, ard: bool, shared: bool,
+                           lengthscale: Any, outputscale: Any, prefit: dict[str, Any]
+                           ) -> tuple[Any, Any]:
+    """Fixed lengthscale/outputscale: given values, else an SVGP pre-fit on ``init`` (paper
+    §C.4; per class when not ``shared``), else placeholders 1.0 (a rebuild whose state dict
+    brings the values)."""
+    if (lengthscale is None or outputscale is None) and init is not None:
+        fit_ls, fit_os = prefit_hyperparameters(*init, task=task, num_classes=num_classes,
+                                                kernel=kernel, ard=ard, per_latent=not shared,
+                                                **prefit)
+        lengthscale = fit_ls if lengthscale is None else lengthscale
+        outputscale = fit_os if outputscale is None else outputscale
+    return (1.0 if lengthscale is None else lengthscale,
+            1.0 if outputscale is None else outputscale)

@@ -1,0 +1,440 @@
+r"""``iterncgp``: computation-aware Laplace inference for non-conjugate GPs (IterNCGP).
+
+Tatzel, Wenger, Schneider & Hennig (2024), "Accelerating Non-Conjugate Gaussian Processes By
+Trading Off Computation For Uncertainty", arXiv:2310.20285. Digest: notes/000_iterncgp.md.
+
+==========  ==========================  =======================================================
+symbol      variable                    meaning
+==========  ==========================  =======================================================
+X, y        ``state.x``, ``state.y``    (n, d) training inputs, (n,) targets
+L (= C)     ``likelihood.num_latents``  latent GPs (classes for softmax, else 1)
+m           ``prior_mean``              constant prior mean; vectors are (L, n) (NC-ordering)
+K           ``LatentKernel``            prior covariance, blockdiag over the L latent GPs
+W(f)        ``likelihood``              −∇² log p(y | f); W⁻¹ (softmax: W†, Lemma A.7)
+ŷ(f)        ``b + m``                   pseudo-targets f + W⁻¹ ∇log p(y | f) (Prop. A.1)
+K̂           ``RegressionProblem``       K + W(f_i)⁻¹
+S, T        ``state.S``, ``state.T``    (L, n, B) buffered actions and T = K S (Alg. 3)
+v_j, C_j    ``state.v``, ``state.Q``    representer weights, C_j = Q Qᵀ ≈ K̂⁻¹ (Eq. 10)
+f_i         ``state.f``                 (L, n) Newton iterate f_{i+1} = K v_j + m (Alg. 1 l. 9)
+δ, j_max    ``Stopping``                outer tolerance, inner iterations per Newton step
+R           ``Recycling.rank``          compression rank (None: R = ∞)
+==========  ==========================  =======================================================
+
+Algorithm 1 (outer loop) runs Newton's method on Ψ(f) = log p(y | f) − ½ (f − m)ᵀK⁻¹(f − m) as
+a sequence of GP regressions on pseudo-targets ŷ(f_i) with noise W(f_i)⁻¹ (Prop. A.1, Eqs. 6–7);
+each is solved approximately by IterGP (Alg. 2, :mod:`gpscale.methods._iterncgp_solver`) started
+from the recycled belief of the previous steps (Alg. 3). The posterior after Newton step i and
+inner iteration j is GP(m_{i,j}, K_{i,j}) with (Eqs. 8–9)
+
+    m_{i,j}(·) = m + K(·, X) v_j,    K_{i,j}(·, ·) = K(·, ·) − K(·, X) C_j K(X, ·),
+
+whose variance holds the Laplace (mathematical) and the computational uncertainty (§3.3).
+
+Cost: one K-product per inner iteration, O(n² L) with a dense kernel (matrix-free through
+:func:`~gpscale.kernels.kernel_matmul`, a shared kernel serves all L latents in one product);
+O(B n L) per iteration for the buffers; Alg. 3 O(B² n L + B³) and no K-product. Memory
+O(B n L) for S, T (B ≤ R + j_max with compression, the total iteration count without); the NC × NC
+matrices K, K̂, W are never formed. Prediction at t points: O(t n L (1 + B)).
+
+Deviations from the paper, each deliberate:
+
+- K v and f_{i+1} − m = K v are read from the buffers (K v = T a with v = S a), so an inner
+  iteration costs one K-product instead of Alg. 2's two and an outer step none instead of
+  Alg. 1's one; the arithmetic is the same.
+- Actions are normalised to unit length (C_j and v_j do not depend on their scale).
+- Alg. 3 drops eigenpairs of M below ``Recycling.eig_rtol`` · λ_max (numerically dependent
+  actions, whose Λ^{-1/2} would blow up); the η guard is relative (``Stopping.eta_rtol``); an
+  action rejected by it is not buffered.
+- Softmax uses W† (Lemma A.7), as the paper does: with a shared kernel the Newton iterates are
+  exact Newton on Ψ, but the predictive variance lacks the class-sum direction (notes §7.4),
+  which the probit probabilities feel slightly; with one kernel per class the fixed point is not
+  the MAP of Ψ (notes §7.4, §14.10).
+- A backtracking line search on Ψ (``line_search=True``, default) scales a Newton step that
+  would lower Ψ: with truncated inner solves the full steps of Alg. 1 can diverge (seen on
+  MNIST, 2,000 points, j ≤ 5); Ψ = log p(y | f) − ½ vᵀ(f − m) costs no K-product. The final
+  mean uses the damped v, so m + K(X, X) v = f. When no step size helps, the step is rejected
+  and the same regression problem is solved further (j_max more iterations on the same belief,
+  no virtual run since W is unchanged). ``line_search=False`` is the paper's Alg. 1.
+- Unit-vector actions with recycling continue with new data points (the action index counts
+  all actions taken), so buffered and new actions stay independent (notes §14.12).
+- Poisson rates are the closed-form log-normal mean exp(m + v/2) rather than a Monte Carlo one.
+- Kernel hyperparameters are fixed (paper §5.2); by default they come from a short SVGP fit
+  (paper §C.4 for MNIST); counts are pre-fitted as SVGP regression on log(1 + y).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from gpscale.distributions import Predictive
+from gpscale.errors import NumericalError
+from gpscale.likelihoods import Likelihood
+from gpscale.linalg.policies.unit_vector import UnitVectorPolicy
+from gpscale.methods._iterncgp_setup import (
+    FIT_DEFAULTS,
+    LatentKernel,
+    PredictiveOptions,
+    fixed_kernel,
+    hyperparameter_options,
+    latent_predictive,
+    likelihood_for_task,
+    resolve_options,
+)
+from gpscale.methods._iterncgp_sod import SoDLaplace, SoDLaplaceState, build_sod_laplace
+from gpscale.methods._iterncgp_solver import (
+    IterativeResidualPolicy,
+    Recycling,
+    RegressionProblem,
+    Stopping,
+    empty_belief,
+    solve,
+    virtual_solver_run,
+)
+from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.registry import MethodSpec, register
+from gpscale.validation import check_x, check_xy
+
+__all__ = [
+    "IterNCGP", "IterNCGPState", "NewtonStep", "POLICIES", "PredictiveOptions", "Recycling",
+    "IterativeResidualPolicy", "SoDLaplace", "SoDLaplaceState", "Stopping", "UnitVectorPolicy",
+    "build_iterncgp", "build_sod_laplace",
+]
+
+TASKS = ("classification", "counts")
+LINE_SEARCH_HALVINGS = 10
+"""The line search tries α = 1, ½, …, 2^{−10} before it rejects a Newton step."""
+POLICIES = {
+    "cg": lambda seed: IterativeResidualPolicy(),
+    "chol": lambda seed: UnitVectorPolicy(seed=seed),
+    "unit-vector": lambda seed: UnitVectorPolicy(seed=seed),
+}
+"""Policy names of the factory: ``cg`` (residual actions, IterNCGP-CG) and ``chol`` (alias
+``unit-vector``: unit vectors in a random order seeded by ``seed``, IterNCGP-Chol)."""
+
+
+@dataclass(frozen=True)
+class NewtonStep:
+    """What one outer iteration did (for monitoring and tests).
+
+    Attributes:
+        step: i (0-based).
+        iterations: inner iterations j run on this step's problem.
+        stopped: why the inner loop stopped (see :func:`~gpscale.methods._iterncgp_solver.itergp`).
+        residual_norm: ‖r_j‖ at the end of the inner loop.
+        relative_change: ‖g_{i+1} − g_i‖ / ‖g_{i+1}‖, g = f − m (outer criterion, §B.2).
+        buffer_size: B after the step (recycled plus new actions).
+        step_size: α of the line search (1: the full step of Alg. 1; 0: rejected).
+        log_joint: Ψ(f_{i+1}) up to a constant (Eq. 2), at the accepted iterate.
+    """
+
+    step: int
+    iterations: int
+    stopped: str
+    residual_norm: float
+    relative_change: float
+    buffer_size: int
+    step_size: float = 1.0
+    log_joint: float = float("nan")
+
+
+@dataclass(frozen=True)
+class IterNCGPState:
+    """Everything IterNCGP computed from the data.
+
+    Attributes:
+        x: (n, d) training inputs.  y: (n,) targets.
+        f: (L, n) final Newton iterate f = m + K v (the approximate mode).
+        v: (L, n) representer weights v_j of the last regression problem.
+        Q: (L, n, B') root of C_j = Q Qᵀ ≈ K̂(f_i)⁻¹.
+        S: (L, n, B) buffered actions.  T: (L, n, B) K S.
+        trace: one :class:`NewtonStep` per outer iteration.
+        converged: the outer criterion was met (else ``max_newton_steps`` ran out).
+    """
+
+    x: Tensor
+    y: Tensor
+    f: Tensor
+    v: Tensor
+    Q: Tensor
+    S: Tensor
+    T: Tensor
+    trace: tuple[NewtonStep, ...]
+    converged: bool
+
+
+class IterNCGP(Method):
+    """IterNCGP: Newton/Laplace with IterGP inner solves, recycling and compression.
+
+    Args:
+        kernel: GPyTorch kernel; batch shape () shares it across the L latent GPs, (L,) gives one
+            per GP. Its hyperparameters are frozen (IterNCGP learns none).
+        likelihood: a :class:`~gpscale.likelihoods.Likelihood` (Bernoulli, Softmax, Poisson,
+            Gaussian).
+        policy: maps a :class:`~gpscale.linalg.solvers.SolverStep` to the next action
+            (:class:`IterativeResidualPolicy`: IterNCGP-CG; :class:`UnitVectorPolicy`:
+            IterNCGP-Chol).
+        recycling: :class:`Recycling` (on by default, no compression).
+        stopping: :class:`Stopping` (δ = 1 %, δ_abs = δ_rel = 1e-5, j_max = 5).
+        predictive: :class:`~gpscale.methods._iterncgp_setup.PredictiveOptions`.
+        prior_mean: constant prior mean m.
+        line_search: backtrack along each Newton step until Ψ does not decrease (a safeguard
+            the paper does not use; ``False`` takes the full steps of Alg. 1).
+        chunk_size, backend: of the kernel products (:func:`~gpscale.kernels.kernel_matmul`).
+        options: resolved factory options (stored as ``self.options``).
+
+    Example:
+        >>> import torch
+        >>> from gpscale.kernels import make_kernel
+        >>> from gpscale.likelihoods import Bernoulli
+        >>> x = torch.randn(30, 2, dtype=torch.float64); y = (x[:, 0] > 0).long()
+        >>> model = IterNCGP(make_kernel("rbf", 2).double(), Bernoulli())
+        >>> model.predict(model.condition(x, y), x[:3]).probs.shape
+        torch.Size([3, 2])
+    """
+
+    key = "iterncgp"
+    minibatch = False
+    needs_data_for_prediction = True
+    trainable: ClassVar[bool] = False
+
+    def __init__(self, kernel, likelihood: Likelihood, policy=None,
+                 recycling: Recycling | None = None, stopping: Stopping | None = None,
+                 predictive: PredictiveOptions | None = None, *, prior_mean: float = 0.0,
+                 line_search: bool = True, chunk_size: int | None = None, backend: str = "auto",
+                 options: dict[str, Any] | None = None):
+        task = likelihood.task
+        num_classes = {"classification": max(2, likelihood.num_latents)}.get(task)
+        super().__init__(task=task, num_classes=num_classes, options=options)
+        self.kernel = kernel.requires_grad_(False)
+        self.likelihood = likelihood
+        self.latent_kernel = LatentKernel(kernel, likelihood.num_latents, chunk_size, backend)
+        self.policy = policy if policy is not None else IterativeResidualPolicy()
+        self.recycling = recycling or Recycling()
+        self.stopping = stopping or Stopping()
+        self.predictive = predictive or PredictiveOptions()
+        self.prior_mean = float(prior_mean)
+        self.line_search = bool(line_search)
+
+    # -- conditioning: Algorithm 1 -----------------------------------------------------------
+    def condition(self, x: Tensor, y: Tensor) -> IterNCGPState:
+        """Alg. 1: Newton steps as GP regressions solved by IterGP; never mutates the module.
+
+        Args:
+            x: (n, d) training inputs.
+            y: (n,) labels 0..C−1 (classification) or counts (Poisson) or targets (Gaussian).
+
+        Returns:
+            The state: final iterate f (L, n), representer weights v (L, n), precision root Q
+            (L, n, B'), buffers S, T (L, n, B) and the per-Newton-step trace.
+
+        Raises:
+            ValueError: NaN/inf, shape mismatch, wrong feature count, labels outside 0..C−1,
+                negative or non-integer counts.
+        """
+        check_x(x, num_dims=getattr(self, "num_dims", None))
+        check_xy(x, y, task=self.task, num_classes=self.num_classes)
+        lik, stop = self.likelihood, self.stopping
+        m = x.new_full((lik.num_latents, x.shape[0]), self.prior_mean)  # line 2, (L, n)
+        f, v = m.clone(), torch.zeros_like(m)  # f_0 = m = m + K v_0
+        belief = empty_belief(m)  # line 4: S, T empty
+        trace: list[NewtonStep] = []
+        converged = False
+        step = 1.0
+        for i in range(stop.max_newton_steps):  # line 5
+            if step > 0.0:
+                problem = self.regression_problem(x, y, f)  # lines 6–7
+                belief = (virtual_solver_run(belief, problem, self.recycling)
+                          if self.recycling.enabled else empty_belief(m))  # Alg. 2 lines 2–3
+            else:  # rejected step: f and the problem are unchanged, solve on (j_max more)
+                belief = replace(belief, iteration=0, stopped=None)
+            belief = solve(problem, belief, self.policy, stop)  # Alg. 2 lines 4–16
+            # line 9: f_{i+1} = K v_j + m, with K v_j = T a (no K-product)
+            step = (self._line_search(y, m, f, v, m + belief.Kv, belief.v) if self.line_search
+                    else 1.0)
+            f_next, v = f + step * (m + belief.Kv - f), v + step * (belief.v - v)
+            change = _relative_change(f_next - m, f - m)
+            trace.append(NewtonStep(i, belief.iteration, str(belief.stopped),
+                                    float(belief.residual.norm()), change, belief.rank, step,
+                                    float(self._log_joint(y, m, f_next, v))))
+            f = f_next
+            if not bool(torch.isfinite(f).all()):
+                raise NumericalError(
+                    f"IterNCGP's Newton iterate {i + 1} is not finite (the full Newton steps "
+                    "diverged); use line_search=True, more inner iterations (max_iterations), "
+                    "float64, or check the kernel hyperparameters")
+            if step == 0.0 and belief.stopped != "max_iterations":
+                break  # the solve cannot improve (converged, η floor, no action): stalled
+            if step > 0.0 and change <= stop.outer_rtol:
+                converged = True
+                break
+        return IterNCGPState(x, y, f, v, belief.Q, belief.S, belief.T, tuple(trace), converged)
+
+    def _log_joint(self, y: Tensor, m: Tensor, f: Tensor, v: Tensor) -> Tensor:
+        """Ψ(f) + const = Σ log p(y | f) − ½ vᵀ(f − m) for f = m + K v (Eq. 2)."""
+        return self.likelihood.log_prob(f, y).sum() - 0.5 * (v * (f - m)).sum()
+
+    def _line_search(self, y: Tensor, m: Tensor, f: Tensor, v: Tensor, f_new: Tensor,
+                     v_new: Tensor) -> float:
+        """Backtracking step size α ∈ {1, ½, …, 2^{−max}} ∪ {0} along f_new − f on Ψ.
+
+        Ψ(f) = log p(y | f) − ½ vᵀ(f − m) for f = m + K v (Eq. 2) costs no K-product. Returns
+        the first α with Ψ(f + α Δf) ≥ Ψ(f) (NaN counts as worse), else 0.
+        """
+        def log_joint(alpha: float) -> Tensor:
+            return self._log_joint(y, m, f + alpha * (f_new - f), v + alpha * (v_new - v))
+
+        current = log_joint(0.0)
+        for halvings in range(LINE_SEARCH_HALVINGS + 1):
+            alpha = 0.5**halvings
+            if bool(log_joint(alpha) >= current):
+                return alpha
+        return 0.0
+
+    def regression_problem(self, x: Tensor, y: Tensor, f: Tensor) -> RegressionProblem:
+        """The GP regression problem of the Newton step at f (Alg. 1, lines 6–7; Prop. A.1).
+
+        b = ŷ(f) − m with ŷ(f) = f + W(f)⁻¹ ∇log p(y | f); K̂ = K + W(f)⁻¹.
+        """
+        lik = self.likelihood
+        y_hat = f + lik.W_inv_matmul(f, lik.gradient(f, y))  # line 7, (L, n)
+        return RegressionProblem(y_hat - self.prior_mean, partial(self.latent_kernel.matmul, x, x),
+                                 partial(lik.W_inv_matmul, f))
+
+    # -- loss: negative log joint at the approximate mode ------------------------------------
+    def log_lik(self, state: IterNCGPState) -> Tensor:
+        """(1/n) Σ log p(y_n | f_n) at the final iterate."""
+        return self.likelihood.log_prob(state.f, state.y).mean()
+
+    def prior_term(self, state: IterNCGPState) -> Tensor:
+        """(1/2n) (f − m)ᵀ K⁻¹ (f − m) = (1/2n) vᵀ (f − m), since f − m = K v."""
+        return 0.5 * (state.v * (state.f - self.prior_mean)).sum() / state.f.shape[-1]
+
+    def loss(self, state: IterNCGPState) -> Tensor:
+        """−Ψ(f)/n up to a constant: prior_term − log_lik (nothing here is trainable)."""
+        return self.prior_term(state) - self.log_lik(state)
+
+    # -- prediction: Eqs. 8–9 ----------------------------------------------------------------
+    def latent_marginals(self, state: IterNCGPState, x_test: Tensor) -> tuple[Tensor, Tensor]:
+        """m_{i,j}(x⋄) and diag K_{i,j}(x⋄, x⋄) (Eqs. 8–9), each (L, t)."""
+        R = torch.cat([state.v[..., None], state.Q], -1)  # (L, n, 1 + B')
+        KR = self.latent_kernel.matmul(x_test, state.x, R)  # (L, t, 1 + B')
+        mean = self.prior_mean + KR[..., 0]
+        # Eq. 9: k(x, x) − ‖K(x, X) Q‖²; ≥ 0 in exact arithmetic, clamped against round-off.
+        var = (self.latent_kernel.diag(x_test) - KR[..., 1:].square().sum(-1)).clamp_min(0)
+        return mean, var
+
+    def predict(self, state: IterNCGPState, x_test: Tensor, chunk_size: int = 4096
+                ) -> Predictive:
+        """Marginal predictive at ``x_test`` (t, d), ``chunk_size`` test points at a time.
+
+        Returns:
+            Latent mean and variance ((t,), or (t, C) for softmax) from Eqs. 8–9, with class
+            probabilities (t, C) (t, 2 for Bernoulli), the Poisson rate (t,), or the Gaussian
+            noise.
+        """
+        check_x(x_test, num_dims=state.x.shape[1], name="x_test")
+
+        def chunk(xc: Tensor) -> Predictive:
+            mean, var = self.latent_marginals(state, xc)
+            return latent_predictive(self.likelihood, mean, var, self.predictive)
+
+        return predict_in_chunks(chunk, x_test, chunk_size)
+
+    def extra_repr(self) -> str:
+        return (f"likelihood={self.likelihood}, policy={self.policy}, "
+                f"recycling={self.recycling}, stopping={self.stopping}")
+
+
+def _relative_change(g_next: Tensor, g: Tensor) -> float:
+    """‖g_{i+1} − g_i‖ / ‖g_{i+1}‖ (0 when both vanish)."""
+    num, den = float((g_next - g).norm()), float(g_next.norm())
+    if num == 0:
+        return 0.0
+    return num / den if den > 0 else float("inf")
+
+
+def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: int | None = None,
+                   init: tuple[Tensor, Tensor] | None = None, policy: str = "cg",
+                   max_iterations: int = 5, max_newton_steps: int = 100,
+                   outer_rtol: float = 0.01, atol: float = 1e-5, rtol: float = 1e-5,
+                   recycle: bool = True, compression_rank: int | None = None,
+                   kernel: str = "matern32", ard: bool = False, lengthscale: Any = None,
+                   outputscale: Any = None, shared_kernel: bool = True,
+                   prior_mean: float = 0.0, line_search: bool = True, probs: str = "probit",
+                   num_samples: int = 1000, seed: int = 0, chunk_size: int | None = None,
+                   backend: str = "auto",
+                   prefit_steps: int = 100, prefit_num_inducing: int = 64,
+                   prefit_lr: float = 0.05, prefit_batch_size: int = 1024) -> IterNCGP:
+    """Factory of ``iterncgp`` (see :mod:`gpscale.methods.registry`).
+
+    Args:
+        num_dims: input dimension d.
+        task: ``"classification"`` (C = 2: Bernoulli-logit, C > 2: softmax) or ``"counts"``
+            (Poisson).
+        num_classes: C; inferred from ``init`` labels (max + 1, at least 2) when ``None``.
+        init: training data for the hyperparameter pre-fit and label checks, or ``None``.
+        policy: ``"cg"`` or ``"chol"`` (:data:`POLICIES`).
+        max_iterations, max_newton_steps, outer_rtol, atol, rtol: :class:`Stopping`.
+        recycle, compression_rank: :class:`Recycling` (``enabled``, ``rank``).
+        kernel, ard, lengthscale, outputscale: the fixed prior kernel; missing hyperparameters
+            come from an SVGP pre-fit on ``init`` (``prefit_*``: Adam steps, rounded up to whole
+            epochs; inducing points per class; learning rate; batch size).
+        shared_kernel: one kernel for all C latent GPs, else a batch of C kernels (the SVGP
+            pre-fit then keeps its per-class values; given values may be per-class lists).
+        prior_mean: constant prior mean.
+        line_search: backtracking on Ψ along each Newton step (see :class:`IterNCGP`).
+        probs, num_samples: class probabilities by ``"probit"`` or ``"mc"``
+            (:class:`~gpscale.methods._iterncgp_setup.PredictiveOptions`).
+        seed: seeds the ``chol`` order, the pre-fit and Monte Carlo probabilities.
+        chunk_size, backend: of the kernel products.
+
+    Raises:
+        ValueError: unsupported task or policy, invalid options or ``init`` data.
+    """
+    if task not in TASKS:
+        raise ValueError(f"method 'iterncgp' does not support task {task!r}; it supports "
+                         f"{', '.join(TASKS)}")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
+    if init is not None:
+        check_x(init[0], num_dims=num_dims)
+        check_xy(*init, task=task, num_classes=num_classes)
+        if task == "classification" and num_classes is None:
+            num_classes = max(2, int(init[1].max()) + 1)
+    lik = likelihood_for_task(task, num_classes)
+    stopping = Stopping(outer_rtol, max_newton_steps, atol, rtol, max_iterations)
+    recycling = Recycling(recycle, compression_rank)
+    predictive = PredictiveOptions(probs, num_samples, seed)
+    prefit = dict(num_inducing=prefit_num_inducing, steps=prefit_steps, lr=prefit_lr,
+                  batch_size=prefit_batch_size, seed=seed)
+    lengthscale, outputscale = hyperparameter_options(
+        init, task, num_classes, kernel=kernel, ard=ard, shared=shared_kernel,
+        lengthscale=lengthscale, outputscale=outputscale, prefit=prefit)
+    k = fixed_kernel(kernel, num_dims, ard=ard, num_latents=lik.num_latents,
+                     shared=shared_kernel, lengthscale=lengthscale, outputscale=outputscale)
+    options = resolve_options(
+        policy=policy, max_iterations=max_iterations, max_newton_steps=max_newton_steps,
+        outer_rtol=outer_rtol, atol=atol, rtol=rtol, recycle=recycle,
+        compression_rank=compression_rank, kernel=kernel, ard=ard, lengthscale=lengthscale,
+        outputscale=outputscale, shared_kernel=shared_kernel, prior_mean=prior_mean,
+        line_search=line_search, probs=probs, num_samples=num_samples, seed=seed,
+        chunk_size=chunk_size, backend=backend,
+        **{f"prefit_{k}": v for k, v in prefit.items() if k != "seed"})
+    model = IterNCGP(k, lik, POLICIES[policy](seed), recycling, stopping, predictive,
+                     prior_mean=prior_mean, line_search=line_search, chunk_size=chunk_size,
+                     backend=backend, options=options)
+    return model if init is None else model.to(device=init[0].device, dtype=init[0].dtype)
+
+
+register(MethodSpec(
+    key="iterncgp",
+    factory=build_iterncgp,
+    tasks=TASKS,
+    summary="IterNCGP: computation-aware Laplace (Newton + IterGP), recycling, compression",
+    fit_defaults=dict(FIT_DEFAULTS),
+))
