@@ -197,11 +197,16 @@ def _stream_peak_growth_mb(n: int) -> tuple[int, float]:
 
 
 def test_stream_is_memory_light():
-    """Streaming 4·10⁶ points (122 MB as float64 x and y) raises the peak RSS by far less."""
-    _, (count, growth_mb) = peak_memory_mb(_stream_peak_growth_mb, 4_000_000)
-    full_mb = 4_000_000 * 4 * 8 / 2**20
-    assert count == 4_000_000
-    assert growth_mb < full_mb / 4
+    """Streaming 10⁷ points (305 MB as float64 x and y) raises the peak RSS by far less.
+
+    The allocator keeps 10-35 MB of freed chunk pages whatever n is (measured at 4·10⁶ and
+    8·10⁶), so n must be large enough that holding the data would stand out from that noise.
+    """
+    n = 10_000_000
+    _, (count, growth_mb) = peak_memory_mb(_stream_peak_growth_mb, n)
+    full_mb = n * 4 * 8 / 2**20
+    assert count == n
+    assert growth_mb < full_mb / 5
 
 
 def test_stream_bad_chunk_index_and_config():
