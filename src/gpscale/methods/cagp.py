@@ -67,14 +67,14 @@ from gpscale.linalg.policies.block_sparse import (
     initial_values,
 )
 from gpscale.linalg.policies.residual import ResidualPolicy
-from gpscale.methods.base import Method, as_dtype, predict_in_chunks
-from gpscale.methods.baselines._common import (
+from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
     gaussian_likelihood,
     prior_modules,
     prior_options,
 )
+from gpscale.methods.base import Method, as_dtype, predict_in_chunks
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_num_points, check_x, check_xy
 
@@ -338,7 +338,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
         objective: ``'elbo'`` or ``'projected_nll'``.
         chunk_size, backend: of the matrix-free kernel products.
         **prior: ``kernel`` (default matern32), ``ard``, ``lengthscale``, ``outputscale``,
-            ``noise``, ``mean_constant`` (:func:`~gpscale.methods.baselines._common.prior_options`).
+            ``noise``, ``mean_constant`` (:func:`~gpscale.methods._common.prior_options`).
 
     Raises:
         ValueError: for a task other than regression, invalid ``init`` data, fewer points than

@@ -35,7 +35,7 @@ from typing import Any
 import gpytorch
 from torch import Tensor
 
-from gpscale.methods.baselines._common import (
+from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
     gaussian_likelihood,
@@ -126,7 +126,7 @@ def build_cggp(num_dims: int, *, task: str = "regression", num_classes: int | No
             max_lanczos_quadrature_iterations, max_preconditioner_size,
             min_preconditioning_size: see :class:`CGSettings`.
         **prior: ``kernel``, ``ard``, ``lengthscale``, ``outputscale``, ``noise``,
-            ``mean_constant`` (see :func:`~gpscale.methods.baselines._common.prior_options`).
+            ``mean_constant`` (see :func:`~gpscale.methods._common.prior_options`).
 
     Raises:
         ValueError: for a task other than regression, invalid settings or ``init`` data.

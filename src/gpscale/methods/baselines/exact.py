@@ -38,8 +38,7 @@ import gpytorch
 from torch import Tensor
 
 from gpscale.distributions import Predictive
-from gpscale.methods.base import Method, predict_in_chunks
-from gpscale.methods.baselines._common import (
+from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
     gaussian_likelihood,
@@ -47,6 +46,7 @@ from gpscale.methods.baselines._common import (
     prior_options,
     translate_cholesky_errors,
 )
+from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.baselines._exactgp import (
     ConditionedExactGP,
     ExactGPState,
@@ -178,7 +178,7 @@ def build_exact(num_dims: int, *, task: str = "regression", num_classes: int | N
         cholesky_jitter_float, cholesky_jitter_double, cholesky_max_tries: see
             :class:`CholeskySettings`.
         **prior: ``kernel``, ``ard``, ``lengthscale``, ``outputscale``, ``noise``,
-            ``mean_constant`` (see :func:`~gpscale.methods.baselines._common.prior_options`).
+            ``mean_constant`` (see :func:`~gpscale.methods._common.prior_options`).
 
     Raises:
         ValueError: for a task other than regression or invalid ``init`` data.

@@ -38,8 +38,7 @@ import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive, concat
-from gpscale.methods.base import Method, predict_in_chunks
-from gpscale.methods.baselines._common import (
+from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
     gaussian_likelihood,
@@ -49,6 +48,7 @@ from gpscale.methods.baselines._common import (
     prior_modules,
     prior_options,
 )
+from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.baselines._exactgp import (
     ConditionedExactGP,
     ExactGPState,
@@ -152,7 +152,7 @@ def build_sgpr(num_dims: int, *, task: str = "regression", num_classes: int | No
         cholesky_jitter_float, cholesky_jitter_double, cholesky_max_tries: see
             :class:`~gpscale.methods.baselines.exact.CholeskySettings`.
         **prior: ``kernel``, ``ard``, ``lengthscale``, ``outputscale``, ``noise``,
-            ``mean_constant`` (see :func:`~gpscale.methods.baselines._common.prior_options`).
+            ``mean_constant`` (see :func:`~gpscale.methods._common.prior_options`).
 
     Raises:
         ValueError: for a task other than regression, invalid ``init`` data, or fewer

@@ -41,8 +41,7 @@ import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive, concat
-from gpscale.methods.base import Method, predict_in_chunks
-from gpscale.methods.baselines._common import (
+from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
     gaussian_likelihood,
@@ -54,6 +53,7 @@ from gpscale.methods.baselines._common import (
     resolve_num_classes,
     translate_cholesky_errors,
 )
+from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.baselines.exact import NEVER_CG
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
@@ -268,7 +268,7 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
         variational_jitter_float, variational_jitter_double, num_likelihood_samples: see
             :class:`SVGPSettings`.
         **prior: ``kernel``, ``ard``, ``lengthscale``, ``outputscale``, ``noise`` (regression),
-            ``mean_constant`` (see :func:`~gpscale.methods.baselines._common.prior_options`).
+            ``mean_constant`` (see :func:`~gpscale.methods._common.prior_options`).
 
     Raises:
         ValueError: unsupported task, invalid ``init``, fewer points than ``num_inducing``,

@@ -1,4 +1,4 @@
-"""Pieces shared by the GPyTorch baselines.
+"""Pieces shared by the method families (GPyTorch baselines, CaGP, and later methods).
 
 - :func:`prior_options` resolves the options every baseline takes (kernel, ARD, initial
   hyperparameters) and :func:`prior_modules` builds GPyTorch's constant mean and scaled kernel
