@@ -32,6 +32,8 @@ SUITES: dict[str, Suite] = {
               "GPyTorch exact/SGPR/SVGP on Parkinsons, Elevators, Bike, Protein (split 0)"),
         Suite("kernels", "gpscale.benchmarks.kernels",
               "matrix-free kernel-product throughput vs GEMM roofline; peak memory at n=40k"),
+        Suite("cagp", "gpscale.benchmarks.cagp",
+              "CaGP paper Table 1 at CPU scale: CaGP-Opt vs SGPR/SVGP (m=1024); memory vs n"),
     ]
 }
 
