@@ -384,6 +384,20 @@ def test_condition_costs_one_kernel_product_per_iteration(generator, monkeypatch
     assert counter.calls == sum(step.iterations for step in state.trace) > 0
 
 
+def test_step_callback_sees_every_newton_step(generator):
+    """The hook gets one state per Newton step; the last one is the returned posterior."""
+    lik, x, y, x_test = _problem("bernoulli", generator)
+    model = _model(lik, x, stopping=Stopping(max_iterations=3))
+    seen = []
+    model.step_callback = seen.append
+    state = model.condition(x, y)
+    assert [len(s.trace) for s in seen] == list(range(1, len(state.trace) + 1))
+    assert not any(s.converged for s in seen)
+    torch.testing.assert_close(seen[-1].f, state.f, **EXACT)
+    torch.testing.assert_close(model.predict(seen[-1], x_test).probs,
+                               model.predict(state, x_test).probs, **EXACT)
+
+
 def test_buffers_hold_kernel_products_and_recycled_precision(generator):
     """Alg. 3 / Eq. 11: T = K S after appends and rotation, and C_0 = S M⁻¹ Sᵀ with M built
     from the NEW W(f_{i+1})⁻¹ (notes §15.8)."""

@@ -64,6 +64,7 @@ Deviations from the paper, each deliberate:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, ClassVar
@@ -219,6 +220,9 @@ class IterNCGP(Method):
         self.predictive = predictive or PredictiveOptions()
         self.prior_mean = float(prior_mean)
         self.line_search = bool(line_search)
+        # Called with the state after each Newton step (e.g. a benchmark's test metrics against
+        # time); a runtime hook, not an option, so it is neither saved nor rebuilt.
+        self.step_callback: Callable[[IterNCGPState], None] | None = None
 
     # -- conditioning: Algorithm 1 -----------------------------------------------------------
     def condition(self, x: Tensor, y: Tensor) -> IterNCGPState:
@@ -262,6 +266,9 @@ class IterNCGP(Method):
                                     float(belief.residual.norm()), change, belief.rank, step,
                                     float(self._log_joint(y, m, f_next, v))))
             f = f_next
+            if self.step_callback is not None:
+                self.step_callback(IterNCGPState(x, y, f, v, belief.Q, belief.S, belief.T,
+                                                 tuple(trace), False))
             if not bool(torch.isfinite(f).all()):
                 raise NumericalError(
                     f"IterNCGP's Newton iterate {i + 1} is not finite (the full Newton steps "

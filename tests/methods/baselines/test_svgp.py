@@ -196,3 +196,23 @@ def test_fewer_points_than_inducing_points_raises(toy_regression):
     x, y = toy_regression
     with pytest.raises(ValueError, match="inducing points"):
         build("svgp", 2, init=(x, y), num_inducing=64)
+
+
+def test_fixed_kernel_keeps_hyperparameters_through_training(three_classes):
+    """learn_kernel=False: Adam steps move the variational parameters, never the kernel."""
+    from gpscale.kernels import kernel_hyperparameters
+    from gpscale.training import FitConfig, fit
+
+    x, y = three_classes
+    model = build("svgp", x.shape[1], task="classification", init=(x, y), num_inducing=4,
+                  learn_kernel=False, lengthscale=0.05, outputscale=0.05).double()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fit(model, None, (x, y), FitConfig(epochs=3, lr=0.1))
+    after = model.state_dict()
+    hypers = kernel_hyperparameters(model.gp.covar_module)
+    torch.testing.assert_close(hypers.lengthscale, torch.full_like(hypers.lengthscale, 0.05))
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all("variational" in k or "inducing" in k for k in moved)
+    rebuilt = build("svgp", x.shape[1], task="classification", num_classes=3, init=None,
+                    **model.options)
+    assert not any(p.requires_grad for p in rebuilt.gp.covar_module.parameters())

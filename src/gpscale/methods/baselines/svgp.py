@@ -252,7 +252,8 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
                init: tuple[Tensor, Tensor] | None = None, num_inducing: int = 512,
                seed: int = 0, kmeans_max_points: int = 10_000, num_data: int | None = None,
                variational_jitter_float: float = 1e-4, variational_jitter_double: float = 1e-6,
-               num_likelihood_samples: int = 64, **prior: Any) -> SVGP:
+               num_likelihood_samples: int = 64, learn_kernel: bool = True,
+               **prior: Any) -> SVGP:
     """Factory of ``svgp`` (see :mod:`gpscale.methods.registry`).
 
     Args:
@@ -267,6 +268,9 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
         num_data: N; required when ``init`` is ``None``.
         variational_jitter_float, variational_jitter_double, num_likelihood_samples: see
             :class:`SVGPSettings`.
+        learn_kernel: ``False`` freezes the kernel hyperparameters (lengthscale, output scale)
+            and the constant mean at their initial values, as in the IterNCGP paper's
+            comparisons where all methods share fixed hyperparameters (notes/000 §11.3).
         **prior: ``kernel``, ``ard``, ``lengthscale``, ``outputscale``, ``noise`` (regression),
             ``mean_constant`` (see :func:`~gpscale.methods._common.prior_options`).
 
@@ -298,9 +302,13 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
         likelihood = (gpytorch.likelihoods.BernoulliLikelihood() if num_latents == 1 else
                       gpytorch.likelihoods.SoftmaxLikelihood(num_classes=num_classes,
                                                               mixing_weights=False))
+    if not learn_kernel:
+        kernel.requires_grad_(False)
+        mean.requires_grad_(False)
     model = SVGP(_ApproximateGP(mean, kernel, z, num_latents), likelihood, settings, task=task,
                  num_classes=num_classes, num_dims=num_dims, num_data=num_data, seed=seed,
-                 options={**ind, "num_data": num_data, **opts, **asdict(settings)})
+                 options={**ind, "num_data": num_data, **opts, **asdict(settings),
+                          "learn_kernel": bool(learn_kernel)})
     return follow_init(model, init)
 
 
