@@ -1,0 +1,407 @@
+r"""``softki``: softmax kernel interpolation (SoftKI) for high-dimensional GP regression.
+
+Camaño & Huang (2024), "High-Dimensional Gaussian Process Regression with Soft Kernel
+Interpolation", arXiv:2410.21419 v1 (notes/003_softki.md, section numbers below refer to it).
+
+=========  ========================  ======================================================
+symbol     variable                  meaning
+=========  ========================  ======================================================
+x, y       ``x``, ``y``              (n, d) training inputs (or a minibatch), (n,) targets
+c, r       ``mean_constant``,        fixed prior mean (mean of the init targets), r = y − c
+           ``residual``
+z          ``inducing_points``       (m, d) learned interpolation points
+τ          ``temperature``           softmax temperature (the paper: τ = 1)
+W_xz       ``weights``               (n, m) softmax interpolation weights, rows sum to 1
+K_zz       ``K_zz``                  (m, m) kernel matrix of the points (RBF by default)
+U          ``chol_zz``               (m, m) upper Cholesky factor, UᵀU = K_zz
+K̂_xz       ``W @ K_zz``              interpolated cross-covariance
+Q̃          (never formed)            W_xz K_zz W_zx, the SoftKI kernel; Σ = Q̃ + β² I
+β²         ``noise``                 Gaussian noise variance (fixed at 1e-3 by default)
+Ĉ, R       ``R``                     Ĉ = K_zz + K̂_zx K̂_xz / β² = RᵀR, R (m, m) upper
+α          ``alpha``                 Ĉ α = K̂_zx r / β² (Eq. 25); mean μ(x*) = c + W_*z K_zz α
+a_j, b_j   ``probes``, ``solves``    Gaussian probes (n, L) and sg(Σ⁻¹[r, a_1 … a_L])
+=========  ========================  ======================================================
+
+Equations implemented (§2):
+
+- Weights (Def. 4.1, Eq. 17, §2.2): W_ij = softmax_j(−‖x_i − z_j‖₂ / τ), Euclidean (not
+  squared) distances, log-sum-exp stable; τ = 1 is the paper's definition.
+- Approximate kernel (Eq. 16, §2.3): Q̃ = W K_zz Wᵀ; any GPyTorch kernel gives K_zz.
+- Posterior (Eq. 24–26, Alg. 1 lines 10–13, §2.7) by the QR of the stacked matrix
+  A = [K̂_xz / β ; U] ((n + m) × m), AᵀA = Ĉ. The QR is taken of A augmented with the
+  right-hand sides [r, a_1 … a_L] / β (zeros in the U rows) and accumulated over row chunks
+  (TSQR: R ← qr([R; next chunk]).R), so A never exists in full; its R-block gives Ĉ = RᵀR,
+  its next columns C = Qᵀ[ỹ, ã], hence α_j = R⁻¹ C_j, and the least-squares residuals give
+  Σ⁻¹[r, a] = ([r, a] − K̂_xz α) / β² (Woodbury). The corner entry ρ of the y column is the
+  residual norm, ρ² = rᵀ Σ⁻¹ r.
+- Predictive latent variance (§2.7, corrected form, not Eq. 24 as printed):
+  K̂_*z Ĉ⁻¹ K̂_z* = ‖R⁻ᵀ K̂_z*‖²; the predictive noise is β².
+- Hutchinson pseudoloss (Def. 4.2, Eq. 19–22, §2.5), the default objective, minimised:
+  [ (1/L) Σ_j a_jᵀ Σ_θ sg(b_j) − sg(b_0)ᵀ Σ_θ sg(b_0) ] / (2b), with Σ_θ u = W K_zz (Wᵀu)
+  + β² u (never forming Σ). Its gradient estimates −∇ log p(y) / b.
+- Exact marginal likelihood (Eq. 18, §2.4), ``objective='mll'``: −log p(y) / n =
+  [n log 2πβ² + log|Ĉ| − log|K_zz| + ρ²] / (2n) with log|Ĉ| = 2 Σ log|R_ii|, log|K_zz| =
+  2 Σ log U_ii; differentiable through the QR (no Ĉ, no n × n matrix).
+
+Both objectives are evaluated on the minibatch alone, as if it were the whole data set (the
+paper's and the authors' code's semantics, §2.6), and divided by its size.
+
+Cost: per step on a batch of b points O(b m d + m² d) for W and K_zz, O(b m² + m³) for K̂ and
+the QR, O(b m L) for the pseudoloss, all independent of n. ``condition`` on all n points costs
+O(n m² + n m d) time and O(n m) memory (W; the QR holds one chunk of ``chunk_size`` rows).
+Prediction: O(m² + m d) per test point, in chunks of test points.
+
+Deviations from the paper and choices, with reasons (§7 lists the paper's errata):
+
+- Loss sign (§7.1): Eq. 19 is minimised (Alg. 1's ascent step is the wrong direction).
+- Probes (§7.2): unnormalised N(0, I), not unit-length (which biases the trace by 1/n).
+- QR orientation (§7.5): the stacked factor is the *upper* U with UᵀU = K_zz.
+- Covariance (§7.6): the corrected SoR form above, not the printed Eq. 24.
+- The pseudoloss's solves come from the same QR as the posterior instead of a dense b × b
+  LU solve (the paper's App. B.1): one factorisation, the same O(b m²) cost, and Σ is never
+  formed.
+- Temperature τ: not in the paper (§2.2); τ = 1 (default) is the paper's weights.
+- Prior mean: a fixed constant c (the mean of the init targets, 0 on standardised data); the
+  paper uses zero mean on standardised targets.
+- K_zz is factorised in float64 (m × m, with jitter retries); the QR runs in the data's dtype,
+  float32 by default, as the paper (the QR is the float32-stable route, §2.7).
+- Initial lengthscale and outputscale: log 2 ≈ 0.693 each, GPyTorch's defaults, which the
+  authors' code uses (§2.6).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gpytorch
+import torch
+from torch import Tensor, nn
+
+from gpscale.distributions import Predictive
+from gpscale.kernels import kernel_matrix
+from gpscale.linalg.ops import safe_cholesky, upcast
+from gpscale.methods._common import (
+    check_task_and_init,
+    follow_init,
+    inducing_options,
+    initial_inducing_points,
+    prior_modules,
+    prior_options,
+)
+from gpscale.methods.base import Method, as_dtype, predict_in_chunks
+from gpscale.methods.registry import MethodSpec, register
+from gpscale.validation import check_x, check_xy
+
+__all__ = ["OBJECTIVES", "SoftKI", "SoftKIState", "SoftmaxInterpolation", "build_softki"]
+
+OBJECTIVES = ("pseudoloss", "mll")
+PAPER_INIT = math.log(2.0)
+"""GPyTorch's initial lengthscale and outputscale (softplus(0)), used by the authors' code."""
+
+
+@dataclass(frozen=True)
+class SoftmaxInterpolation:
+    """Softmax interpolation weights W_ij = softmax_j(−‖x_i − z_j‖₂ / τ) (Def. 4.1, §2.2).
+
+    τ → 0 gives one-hot weights on the nearest point, τ → ∞ uniform weights 1/m.
+
+    Args:
+        temperature: τ > 0 (1 is the paper's definition).
+
+    Example:
+        >>> w = SoftmaxInterpolation()(torch.zeros(2, 3), torch.randn(5, 3))
+        >>> w.shape, bool(torch.allclose(w.sum(1), torch.ones(2)))
+        (torch.Size([2, 5]), True)
+    """
+
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature > 0):
+            raise ValueError(f"temperature must be a positive finite number; got "
+                             f"{self.temperature!r}")
+
+    def __call__(self, x: Tensor, z: Tensor) -> Tensor:
+        """(n, m) weights of x (n, d) on z (m, d); O(n m d). Differentiable in x and z."""
+        shift = z.detach().mean(0, keepdim=True)  # distances are translation invariant
+        xs, zs = x - shift, z - shift
+        sq = (xs.square().sum(-1, keepdim=True) - 2 * xs @ zs.mT
+              + zs.square().sum(-1)[None, :])  # (n, m) ‖x_i − z_j‖²
+        # clamp: rounding can make sq slightly negative; below `tiny` the gradient is 0, not inf
+        dist = sq.clamp_min(torch.finfo(sq.dtype).tiny).sqrt()
+        return torch.softmax(-dist / self.temperature, dim=-1)
+
+
+@dataclass(frozen=True)
+class SoftKIState:
+    """Everything SoftKI computes from (x, y): weights, factors, the posterior and probe solves.
+
+    Attributes:
+        inducing_points: z (m, d) the state was conditioned with.
+        weights: W_xz (n, m), differentiable in z.
+        K_zz: (m, m) kernel matrix of z, differentiable.
+        chol_zz: U (m, m) upper, UᵀU = K_zz (+ jitter if it was needed).
+        residual: r = y − c (n,).
+        noise: β² (scalar).
+        R: (m, m) upper triangular with RᵀR = Ĉ (differentiable only for ``objective='mll'``).
+        alpha: α (m,), Ĉ α = K̂_zx r / β².
+        mean_weights: v = K_zz α (m,), so μ(x*) = c + W_*z v.
+        quad: ρ² = rᵀ (Q̃ + β²I)⁻¹ r (scalar).
+        probes: a (n, L) Gaussian probes (L = 0 for ``objective='mll'``).
+        solves: sg(Σ⁻¹ [r, a]) (n, L + 1), detached.
+    """
+
+    inducing_points: Tensor
+    weights: Tensor
+    K_zz: Tensor
+    chol_zz: Tensor
+    residual: Tensor
+    noise: Tensor
+    R: Tensor
+    alpha: Tensor
+    mean_weights: Tensor
+    quad: Tensor
+    probes: Tensor
+    solves: Tensor
+
+    @property
+    def num_points(self) -> int:
+        return self.residual.shape[0]
+
+
+class SoftKI(Method):
+    """Softmax kernel interpolation GP regression (key ``softki``).
+
+    Args:
+        kernel: any GPyTorch kernel (K_zz = kernel(z, z)); RBF with one lengthscale by default.
+        inducing_points: z (m, d), learned.
+        weights: the interpolation weight function ``(x, z) -> W`` (n, m), e.g.
+            :class:`SoftmaxInterpolation`.
+        noise: β² > 0.
+        learn_noise: learn β² (log-parameterised) instead of keeping it fixed.
+        mean_constant: the fixed prior mean c.
+        objective: ``'pseudoloss'`` (Hutchinson, Eq. 19) or ``'mll'`` (exact, Eq. 18).
+        num_probes: L, Gaussian probes per pseudoloss evaluation.
+        chunk_size: rows of the stacked matrix per QR step in ``condition``.
+        options: resolved factory options (stored as ``self.options``).
+
+    Example:
+        >>> x = torch.randn(60, 3, dtype=torch.float64); y = x.sum(1)
+        >>> model = build_softki(3, init=(x, y), num_inducing=8)
+        >>> model.predict(model.condition(x, y), x[:4]).mean.shape
+        torch.Size([4])
+    """
+
+    key = "softki"
+    minibatch = True
+    needs_data_for_prediction = True
+
+    def __init__(self, kernel: gpytorch.kernels.Kernel, inducing_points: Tensor,
+                 weights: Callable[[Tensor, Tensor], Tensor], *, noise: float = 1e-3,
+                 learn_noise: bool = False, mean_constant: float = 0.0,
+                 objective: str = "pseudoloss", num_probes: int = 10, chunk_size: int = 4096,
+                 options: dict[str, Any] | None = None):
+        super().__init__(task="regression", options=options)
+        _check_options(noise=noise, objective=objective, num_probes=num_probes,
+                       chunk_size=chunk_size)
+        self.kernel = kernel
+        self.inducing_points = nn.Parameter(inducing_points.clone())
+        self.weights = weights
+        self.log_noise = nn.Parameter(torch.tensor(math.log(noise), dtype=inducing_points.dtype),
+                                      requires_grad=bool(learn_noise))
+        self.register_buffer("mean_constant",
+                             torch.tensor(float(mean_constant), dtype=inducing_points.dtype))
+        self.objective, self.num_probes, self.chunk_size = objective, num_probes, chunk_size
+        self.num_dims = inducing_points.shape[-1]
+
+    @property
+    def noise(self) -> Tensor:
+        """β², a scalar."""
+        return self.log_noise.exp()
+
+    def condition(self, x: Tensor, y: Tensor, probes: Tensor | None = None) -> SoftKIState:
+        """W, K_zz, the chunked QR posterior and the pseudoloss solves; O(n m²), memory O(n m).
+
+        Args:
+            x: (n, d) inputs (a minibatch in training, all data for prediction).
+            y: (n,) targets.
+            probes: (n, L) probe vectors for the pseudoloss; default L = ``num_probes`` draws
+                of N(0, I) from torch's global generator (none for ``objective='mll'``).
+        """
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y)
+        z = self.inducing_points
+        r = y.to(x.dtype) - self.mean_constant
+        if probes is None:
+            L = self.num_probes if self.objective == "pseudoloss" else 0
+            probes = torch.randn(x.shape[0], L, dtype=x.dtype, device=x.device)
+        elif probes.dim() != 2 or probes.shape[0] != x.shape[0]:
+            raise ValueError(f"probes must be (n, L) with n = {x.shape[0]}; got "
+                             f"{tuple(probes.shape)}")
+        W = self.weights(x, z)  # (n, m), Eq. 17
+        K = kernel_matrix(self.kernel, z, z)  # (m, m)
+        U = as_dtype(safe_cholesky(upcast(K), name="SoftKI K_zz").mT, K)  # UᵀU = K_zz
+        noise = self.noise
+        rhs = torch.cat([r[:, None], probes.to(r.dtype)], 1)  # (n, L + 1)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.objective == "mll"):
+            R_aug = _stacked_qr(W, K, U, rhs, noise, self.chunk_size)
+        m = z.shape[0]
+        R, C = R_aug[:m, :m], R_aug[:m, m:]  # C = Qᵀ [r, a] / β
+        alphas = torch.linalg.solve_triangular(R, C, upper=True)  # (m, L + 1)
+        quad = R_aug[m, m].square()  # ρ², the y column's residual
+        with torch.no_grad():
+            solves = (rhs - W @ (K @ alphas)) / noise  # Σ⁻¹ [r, a] (Woodbury)
+        alpha = alphas[:, 0]
+        return SoftKIState(z, W, K, U, r, noise, R, alpha, K @ alpha, quad,
+                           probes.to(r.dtype), solves)
+
+    def loss(self, state: SoftKIState) -> Tensor:
+        """The objective per datum: ``pseudoloss`` (default) or ``negative_mll``."""
+        if self.objective == "mll":
+            return self.negative_mll(state)
+        return self.pseudoloss(state)
+
+    def pseudoloss(self, state: SoftKIState) -> Tensor:
+        """Eq. 19 (sign corrected, §2.5) per datum: ``trace_term + quad_term``."""
+        return self.trace_term(state) + self.quad_term(state)
+
+    def trace_term(self, state: SoftKIState) -> Tensor:
+        """(1/(2 L b)) Σ_j a_jᵀ Σ_θ sg(b_j): its gradient estimates ½ tr(Σ⁻¹ ∇Σ) / b."""
+        L = state.probes.shape[1]
+        if L == 0:
+            raise ValueError("the pseudoloss needs probes (num_probes ≥ 1)")
+        value = _sigma_form(state, state.probes, state.solves[:, 1:])
+        return value / (2 * L * state.num_points)
+
+    def quad_term(self, state: SoftKIState) -> Tensor:
+        """−(1/(2b)) sg(b_0)ᵀ Σ_θ sg(b_0): its gradient is −½ (Σ⁻¹r)ᵀ ∇Σ (Σ⁻¹r) / b."""
+        b0 = state.solves[:, :1]
+        return -_sigma_form(state, b0, b0) / (2 * state.num_points)
+
+    def negative_mll(self, state: SoftKIState) -> Tensor:
+        """−log N(r | 0, Q̃ + β²I) / n from the QR (Eq. 18, §2.4); O(n m²).
+
+        Differentiable when the model's objective is ``'mll'`` (else a value only).
+        """
+        n = state.num_points
+        logdet = (n * state.noise.log() + 2 * state.R.diagonal().abs().log().sum()
+                  - 2 * state.chol_zz.diagonal().log().sum())  # log|Q̃ + β²I|
+        return 0.5 * (logdet + state.quad + n * math.log(2 * math.pi)) / n
+
+    def predict(self, state: SoftKIState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
+        """μ = c + W_*z K_zz α and K̂_*z Ĉ⁻¹ K̂_z* = ‖R⁻ᵀ K̂_z*‖², in chunks of test points."""
+        check_x(x_test, num_dims=self.num_dims, name="x_test")
+
+        def chunk(xc: Tensor) -> Predictive:
+            W = self.weights(xc, state.inducing_points)  # (t, m)
+            mean = self.mean_constant + W @ state.mean_weights
+            V = torch.linalg.solve_triangular(state.R.mT, (W @ state.K_zz).mT, upper=False)
+            return Predictive(mean, V.square().sum(0), noise=state.noise)
+
+        return predict_in_chunks(chunk, x_test, chunk_size)
+
+
+def _sigma_form(state: SoftKIState, A: Tensor, B: Tensor) -> Tensor:
+    """Σ_j A_jᵀ Σ_θ B_j = Σ_j [(WᵀA_j)ᵀ K_zz (WᵀB_j) + β² A_jᵀ B_j] without forming Σ."""
+    WA, WB = state.weights.mT @ A, state.weights.mT @ B  # (m, k)
+    return (WA * (state.K_zz @ WB)).sum() + state.noise * (A * B).sum()
+
+
+def _stacked_qr(W: Tensor, K: Tensor, U: Tensor, rhs: Tensor, noise: Tensor,
+                chunk_size: int) -> Tensor:
+    """R of the QR of [[K̂_xz, rhs] / β ; [U, 0]], accumulated over row chunks (TSQR).
+
+    Returns the (m + k) × (m + k) upper-triangular factor (fewer rows when n + m < m + k);
+    the Q factor is computed (for the backward pass) only when gradients are enabled.
+    """
+    m, k = U.shape[0], rhs.shape[1]
+    mode = "reduced" if torch.is_grad_enabled() else "r"
+    scale = noise.rsqrt()
+    R = torch.cat([U, U.new_zeros(m, k)], 1)  # the prior rows [U, 0]
+    for i in range(0, W.shape[0], chunk_size):
+        block = torch.cat([W[i:i + chunk_size] @ K, rhs[i:i + chunk_size]], 1) * scale
+        R = torch.linalg.qr(torch.cat([R, block], 0), mode=mode).R
+    return R
+
+
+def _check_options(*, noise: float, objective: str, num_probes: int, chunk_size: int) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+    if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise > 0):
+        raise ValueError(f"noise must be a positive finite variance; got {noise!r}")
+    if not isinstance(num_probes, int) or num_probes < 1:
+        raise ValueError(f"num_probes must be an integer ≥ 1; got {num_probes!r}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer ≥ 1; got {chunk_size!r}")
+
+
+def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
+                 init: tuple[Tensor, Tensor] | None = None, num_inducing: int = 512,
+                 temperature: float = 1.0, objective: str = "pseudoloss", num_probes: int = 10,
+                 noise: float = 1e-3, learn_noise: bool = False, kernel: str = "rbf",
+                 ard: bool = False, lengthscale: float | None = None,
+                 outputscale: float | None = None, mean_constant: float | None = None,
+                 seed: int = 0, kmeans_max_points: int = 10_000,
+                 chunk_size: int = 4096) -> SoftKI:
+    """Factory of ``softki`` (see :mod:`gpscale.methods.registry`).
+
+    Args:
+        num_dims: input dimension d.
+        task: must be ``"regression"``.
+        num_classes: unused (regression).
+        init: ``(x, y)``: points start at k-means centres of x, c = mean(y); ``None``
+            allocates placeholders to be overwritten by ``load_state_dict``.
+        num_inducing: m (the paper: 512).
+        temperature: τ of the softmax weights (the paper: 1).
+        objective: ``'pseudoloss'`` (Hutchinson, the paper's) or ``'mll'`` (exact).
+        num_probes: L Gaussian probes of the pseudoloss (the authors' code: 10).
+        noise: β² (the paper: fixed 1e-3).
+        learn_noise: learn β² too (the paper found fixed noise better, §2.8).
+        kernel: a name of :data:`gpscale.kernels.KERNELS` (default ``'rbf'``, as the paper).
+        ard: one lengthscale per input dimension (the paper: one shared lengthscale).
+        lengthscale, outputscale: initial values (default log 2, GPyTorch's defaults).
+        mean_constant: the fixed prior mean (default: mean of the init targets, else 0).
+        seed: seeds the k-means subsample and k-means.
+        kmeans_max_points: k-means runs on at most this many (random) rows of x.
+        chunk_size: rows per QR step when conditioning (memory O(chunk_size · m)).
+
+    Raises:
+        ValueError: a task other than regression, invalid ``init`` data, fewer init points than
+            ``num_inducing``, an unknown kernel or objective, or a non-positive temperature,
+            noise, number of probes or chunk size.
+    """
+    check_task_and_init("softki", task, ("regression",), num_dims, init)
+    _check_options(noise=noise, objective=objective, num_probes=num_probes,
+                   chunk_size=chunk_size)
+    weights = SoftmaxInterpolation(temperature)
+    ind = inducing_options(init, num_inducing=num_inducing, seed=seed,
+                           kmeans_max_points=kmeans_max_points)
+    opts = prior_options(init, task, num_dims, kernel=kernel, ard=ard,
+                         lengthscale=PAPER_INIT if lengthscale is None else lengthscale,
+                         outputscale=PAPER_INIT if outputscale is None else outputscale,
+                         noise=noise, mean_constant=mean_constant)
+    _, kern = prior_modules(num_dims, opts)
+    z = initial_inducing_points(init, num_dims, ind)
+    model = SoftKI(kern, z, weights, noise=opts["noise"], learn_noise=learn_noise,
+                   mean_constant=opts["mean_constant"], objective=objective,
+                   num_probes=num_probes, chunk_size=chunk_size,
+                   options={**ind, **opts, "temperature": float(temperature),
+                            "objective": objective, "num_probes": num_probes,
+                            "learn_noise": bool(learn_noise), "chunk_size": chunk_size})
+    return follow_init(model, init)
+
+
+# §2.6: Adam, lr 0.01, batch 1024, 50 epochs, float32 (the authors' code), constant lr.
+register(MethodSpec(
+    key="softki",
+    factory=build_softki,
+    tasks=("regression",),
+    summary="SoftKI: softmax interpolation from m learned points, Hutchinson pseudoloss, "
+            "QR posterior (O(b m²) per step)",
+    fit_defaults={"optimizer": "adam", "lr": 0.01, "epochs": 50, "batch_size": 1024,
+                  "dtype": "float32"},
+))

@@ -1,0 +1,44 @@
+"""Suite ``softki`` (notes/003 §3.4–3.5): the quick smoke run and the plan's validation."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from gpscale.benchmarks import softki
+
+
+def test_quick_run_writes_one_row_per_method(data_root, tmp_path, monkeypatch):
+    """quick=True: Elevators, 1 epoch, m = 32; four finite rows, SVGP-512's speed ratio is 1."""
+    monkeypatch.setenv("GPSCALE_DATA", str(data_root))
+    rows = softki.run(tmp_path, quick=True)
+    assert [r["label"] for r in rows] == ["SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512"]
+    for r in rows:
+        assert r["dataset"] == "elevators" and r["epochs"] == 1 and r["num_inducing"] == 32
+        assert math.isfinite(r["test_rmse"]) and 0 < r["test_rmse"] < 2
+        assert r["time_per_epoch_s"] > 0
+    assert rows[-1]["time_vs_svgp512"] == pytest.approx(1.0)
+    assert rows[0]["noise"] == pytest.approx(1e-3, rel=1e-4)  # SoftKI's fixed noise
+    assert rows[0]["paper_rmse"] == 0.389 and rows[3]["paper_time_per_epoch_s"] == 1.11
+    with open(tmp_path / "results.csv") as f:
+        assert len(list(csv.DictReader(f))) == 4
+    assert "QUICK" in (tmp_path / "report.md").read_text()
+
+
+def test_full_plan_follows_the_paper():
+    """50 epochs, batch 1024, lr 0.01 (SGPR: full batch, lr 0.1), RBF with one lengthscale."""
+    plan = list(softki._plan(False, ("bike",)))
+    assert [label for _, label, _ in plan] == ["SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512"]
+    for _, label, spec in plan:
+        assert spec.epochs == 50 and spec.split == 0 and spec.max_time == softki.MAX_TIME
+        assert spec.options["kernel"] == "rbf" and spec.options["ard"] is False
+        assert spec.lr == (0.1 if label == "SGPR-512" else 0.01)
+        assert spec.batch_size == (None if label == "SGPR-512" else 1024)
+        assert spec.options["num_inducing"] == int(label.split("-")[1])
+
+
+def test_unknown_dataset_raises(tmp_path):
+    with pytest.raises(ValueError, match="kin40k"):
+        softki.run(tmp_path, datasets=("song",))

@@ -1,0 +1,355 @@
+"""SoftKI (notes/003 §6): every identity against dense float64 linear algebra (torch.linalg)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import gpscale.methods.softki  # noqa: F401  (registers the key "softki")
+from gpscale import GPRegressor
+from gpscale.io import load, save
+from gpscale.kernels import kernel_matrix
+from gpscale.methods import build
+from gpscale.methods.softki import SoftKI, SoftmaxInterpolation, build_softki
+from gpscale.training import FitConfig, fit
+
+N, D, M = 60, 3, 10
+HYPER = {"lengthscale": 1.1, "outputscale": 0.8, "noise": 0.05}
+TOL = {"rtol": 1e-8, "atol": 1e-10}
+
+
+def _data(n: int = N, d: int = D, seed: int = 0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=dtype)
+    y = torch.sin(x.sum(1)) + 0.1 * torch.randn(n, generator=g, dtype=dtype)
+    return x, y
+
+
+def _model(x, y, **kw) -> SoftKI:
+    return build_softki(x.shape[1], init=(x, y), **{"num_inducing": M, **HYPER, **kw})
+
+
+class Dense:
+    """Dense float64 references for one model on (x, y): W, K_zz, Q̃, Σ = Q̃ + β²I."""
+
+    def __init__(self, model: SoftKI, x, y):
+        self.model = model
+        self.z = model.inducing_points
+        self.K = kernel_matrix(model.kernel, self.z, self.z)
+        self.W = model.weights(x, self.z)
+        self.noise = model.noise
+        self.r = y - model.mean_constant
+        self.n = x.shape[0]
+        self.Q = self.W @ self.K @ self.W.T
+        self.S = self.Q + self.noise * torch.eye(self.n)
+
+    def nll(self):
+        """−log N(r | 0, Σ) / n, differentiable in the model's parameters."""
+        L = torch.linalg.cholesky(self.S)
+        quad = self.r @ torch.cholesky_solve(self.r[:, None], L)[:, 0]
+        return 0.5 * (quad + 2 * L.diagonal().log().sum()
+                      + self.n * math.log(2 * math.pi)) / self.n
+
+    def posterior(self, x_test):
+        """Dense mean and latent variance Q̃_** − Q̃_*x Σ⁻¹ Q̃_x* (notes §2.7)."""
+        Ws = self.model.weights(x_test, self.z)
+        Q_sx = Ws @ self.K @ self.W.T
+        mean = self.model.mean_constant + Q_sx @ torch.linalg.solve(self.S, self.r)
+        var = (Ws @ self.K @ Ws.T - Q_sx @ torch.linalg.solve(self.S, Q_sx.T)).diagonal()
+        return mean, var
+
+    def capacitance(self):
+        """Ĉ = K_zz + K̂_zx K̂_xz / β² (Eq. 25)."""
+        Kh = self.W @ self.K
+        return self.K + Kh.T @ Kh / self.noise
+
+    def woodbury(self, x_test):
+        """Mean K̂_*z Ĉ⁻¹ K̂_zx r / β² and variance K̂_*z Ĉ⁻¹ K̂_z* with Ĉ solved directly."""
+        C = self.capacitance()
+        Kh, Kh_s = self.W @ self.K, self.model.weights(x_test, self.z) @ self.K
+        alpha = torch.linalg.solve(C, Kh.T @ self.r / self.noise)
+        var = (Kh_s @ torch.linalg.solve(C, Kh_s.T)).diagonal()
+        return self.model.mean_constant + Kh_s @ alpha, var
+
+
+def _grads(model: SoftKI, value: torch.Tensor) -> list[torch.Tensor]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return list(torch.autograd.grad(value, params))
+
+
+# --- softmax weights (§6.1, §6.2) --------------------------------------------------------------
+
+def test_weights_are_softmax_of_euclidean_distances():
+    """Def. 4.1: W_ij = exp(−‖x_i − z_j‖) / Σ_k exp(−‖x_i − z_k‖); rows sum to 1, in (0, 1)."""
+    x, _ = _data()
+    z = torch.randn(M, D, generator=torch.Generator().manual_seed(1))
+    W = SoftmaxInterpolation()(x, z)
+    dist = (x[:, None, :] - z[None, :, :]).square().sum(-1).sqrt()
+    torch.testing.assert_close(W, torch.exp(-dist) / torch.exp(-dist).sum(1, keepdim=True),
+                               **TOL)
+    torch.testing.assert_close(W.sum(1), torch.ones(N), **TOL)
+    assert bool((W > 0).all() and (W < 1).all())
+
+
+def test_temperature_to_zero_gives_nearest_point_weights():
+    """§6.2: τ → 0 gives one-hot weights on the nearest interpolation point."""
+    x, _ = _data()
+    z = torch.randn(M, D, generator=torch.Generator().manual_seed(1))
+    W = SoftmaxInterpolation(1e-4)(x, z)
+    nearest = torch.cdist(x, z).argmin(1)
+    torch.testing.assert_close(W, torch.eye(M)[nearest], rtol=0, atol=1e-8)
+
+
+def test_temperature_to_infinity_gives_uniform_weights():
+    """§6.2: τ → ∞ gives uniform weights 1/m."""
+    x, _ = _data()
+    z = torch.randn(M, D, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(SoftmaxInterpolation(1e8)(x, z), torch.full((N, M), 1 / M),
+                               rtol=0, atol=1e-7)
+
+
+def test_weights_translation_invariant_and_finite_in_high_dimension():
+    """§6.1: invariant to translating x and z together; finite at d = 1000 (log-sum-exp)."""
+    x, _ = _data()
+    z = torch.randn(M, D, generator=torch.Generator().manual_seed(1))
+    weights = SoftmaxInterpolation()
+    torch.testing.assert_close(weights(x + 5.0, z + 5.0), weights(x, z), rtol=1e-9, atol=1e-12)
+    g = torch.Generator().manual_seed(2)
+    W = weights(30 * torch.randn(20, 1000, generator=g), 30 * torch.randn(M, 1000, generator=g))
+    assert bool(torch.isfinite(W).all())
+    torch.testing.assert_close(W.sum(1), torch.ones(20), **TOL)
+
+
+# --- approximate kernel (§6.3) -----------------------------------------------------------------
+
+def test_kernel_entries_bounded_by_Kzz_and_psd():
+    """§2.3: Q̃ = W K_zz Wᵀ is PSD, its entries convex combinations of K_zz's (diag ≤ σ)."""
+    x, y = _data()
+    with torch.no_grad():
+        ref = Dense(_model(x, y), x, y)
+    assert float(ref.Q.min()) >= float(ref.K.min()) - 1e-12
+    assert float(ref.Q.max()) <= float(ref.K.max()) + 1e-12
+    assert float(ref.Q.diagonal().max()) <= HYPER["outputscale"] + 1e-12
+    eig = torch.linalg.eigvalsh(ref.Q)
+    assert float(eig.min()) > -1e-10 * float(eig.max())
+
+
+# --- posterior: QR = Woodbury = dense (§6.4–6.6) ------------------------------------------------
+
+def test_qr_factor_is_the_capacitance_cholesky():
+    """§2.7: the stacked matrix uses the upper factor U (UᵀU = K_zz), so RᵀR = Ĉ."""
+    x, y = _data()
+    model = _model(x, y)
+    with torch.no_grad():
+        state = model.condition(x, y)
+        ref = Dense(model, x, y)
+    torch.testing.assert_close(state.chol_zz.T @ state.chol_zz, ref.K, **TOL)
+    torch.testing.assert_close(state.R.T @ state.R, ref.capacitance(), rtol=1e-9, atol=1e-8)
+
+
+@pytest.mark.parametrize("kernel, ard", [("rbf", False), ("rbf", True), ("matern32", False)],
+                         ids=["rbf", "rbf-ard", "matern32"])
+def test_qr_woodbury_and_dense_posteriors_agree(kernel, ard):
+    """§6.4, §6.6: the QR posterior equals the Woodbury and the dense posterior (Eq. 24/25)."""
+    x, y = _data()
+    x_test, _ = _data(9, seed=1)
+    model = _model(x, y, kernel=kernel, ard=ard)
+    with torch.no_grad():
+        pred = model.predict(model.condition(x, y), x_test)
+        ref = Dense(model, x, y)
+        mean_d, var_d = ref.posterior(x_test)
+        mean_w, var_w = ref.woodbury(x_test)
+    torch.testing.assert_close(mean_w, mean_d, rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(var_w, var_d, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(pred.mean, mean_d, rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(pred.variance, var_d, rtol=1e-7, atol=1e-9)
+    assert float(pred.noise) == pytest.approx(HYPER["noise"])
+
+
+def test_chunked_qr_equals_one_qr():
+    """TSQR over row chunks of 7 gives the same posterior and log-likelihood as one QR."""
+    x, y = _data()
+    x_test, _ = _data(5, seed=1)
+    a, b = _model(x, y), _model(x, y, chunk_size=7)
+    with torch.no_grad():
+        sa, sb = a.condition(x, y), b.condition(x, y)
+        pa, pb = a.predict(sa, x_test), b.predict(sb, x_test)
+        torch.testing.assert_close(pb.mean, pa.mean, **TOL)
+        torch.testing.assert_close(pb.variance, pa.variance, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(b.negative_mll(sb), a.negative_mll(sa), **TOL)
+
+
+def test_mean_within_range_of_point_values_and_variance_below_prior():
+    """§6.7: μ(x*) = c + W_*z v lies in [c + min v, c + max v]; variance ≤ prior Q̃_**."""
+    x, y = _data()
+    x_test = 20 * torch.randn(50, D, generator=torch.Generator().manual_seed(3))
+    model = _model(x, y)
+    with torch.no_grad():
+        state = model.condition(x, y)
+        pred = model.predict(state, x_test)
+        Ws = model.weights(x_test, state.inducing_points)
+        prior = (Ws @ state.K_zz @ Ws.T).diagonal()
+    v, c = state.mean_weights, model.mean_constant
+    assert bool((pred.mean >= c + v.min() - 1e-12).all() and (pred.mean <= c + v.max() + 1e-12)
+                .all())
+    assert bool((pred.variance <= prior + 1e-12).all() and (pred.variance >= 0).all())
+
+
+def test_exact_gp_recovery_with_points_at_inputs_and_zero_temperature():
+    """§6.9 (C8): z = x and τ → 0 give W = I, Q̃ = K_xx: the exact GP at the training inputs."""
+    x, y = _data(30)
+    model = _model(x, y, num_inducing=30, temperature=1e-6, lengthscale=0.8)
+    with torch.no_grad():
+        model.inducing_points.copy_(x)
+        pred = model.predict(model.condition(x, y), x)
+        K = kernel_matrix(model.kernel, x, x)
+        S = K + HYPER["noise"] * torch.eye(30)
+        r = y - model.mean_constant
+        mean = model.mean_constant + K @ torch.linalg.solve(S, r)
+        var = (K - K @ torch.linalg.solve(S, K)).diagonal()
+    torch.testing.assert_close(pred.mean, mean, rtol=1e-7, atol=1e-8)
+    torch.testing.assert_close(pred.variance, var, rtol=1e-6, atol=1e-8)
+
+
+# --- objectives (§6: pseudoloss gradient, exact MLL) -------------------------------------------
+
+def test_mll_objective_value_and_gradient_match_dense():
+    """Eq. 18 from the QR (§2.4): −log p(y)/n and its gradient equal the dense Cholesky's."""
+    x, y = _data()
+    model = _model(x, y, objective="mll")
+    value = model.loss(model.condition(x, y))
+    dense = Dense(model, x, y).nll()
+    torch.testing.assert_close(value, dense, **TOL)
+    for g, g_ref in zip(_grads(model, value), _grads(model, dense), strict=True):
+        torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-9)
+
+
+def test_pseudoloss_gradient_is_exact_with_complete_probes():
+    """Eq. 21–22 (§2.5): with probes √n·e_j (E[aaᵀ] = I exactly) the gradient is −∇log p / n."""
+    x, y = _data()
+    model = _model(x, y)
+    state = model.condition(x, y, probes=math.sqrt(N) * torch.eye(N))
+    grads = _grads(model, model.loss(state))
+    for g, g_ref in zip(grads, _grads(model, Dense(model, x, y).nll()), strict=True):
+        torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-9)
+
+
+def test_pseudoloss_gradient_estimates_negative_log_likelihood_gradient():
+    """§2.5 sign and scale: Gaussian probes, averaged over 4000, estimate −∇ log p(y) / n."""
+    x, y = _data()
+    model = _model(x, y, num_probes=4000)
+    torch.manual_seed(0)
+    est = torch.cat([g.flatten() for g in _grads(model, model.loss(model.condition(x, y)))])
+    ref = torch.cat([g.flatten() for g in _grads(model, Dense(model, x, y).nll())])
+    cosine = float(est @ ref / (est.norm() * ref.norm()))
+    # Hutchinson noise with 4000 probes: a few per cent; a sign error would give cosine ≈ −1
+    # and unit-norm probes (trace shrunk by 1/n) a norm ratio far from 1.
+    assert cosine > 0.98
+    assert float(est.norm() / ref.norm()) == pytest.approx(1.0, abs=0.1)
+
+
+def test_pseudoloss_gradcheck_with_fixed_solves():
+    """gradcheck (float64) of the pseudoloss in z with the solves b_j held fixed (Eq. 21)."""
+    x, y = _data(10)
+    model = _model(x, y, num_inducing=4)
+    probes = torch.randn(10, 3, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        state = model.condition(x, y, probes=probes)
+
+    def loss(z):
+        W, K = model.weights(x, z), kernel_matrix(model.kernel, z, z)
+        return model.pseudoloss(replace(state, weights=W, K_zz=K))
+
+    z0 = model.inducing_points.detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(loss, (z0,), eps=1e-6, atol=1e-6)
+
+
+# --- training, contract, plumbing --------------------------------------------------------------
+
+@pytest.mark.parametrize("learn_noise", [False, True], ids=["fixed-noise", "learned-noise"])
+def test_training_lowers_the_exact_nll_and_keeps_fixed_noise(learn_noise):
+    """Minimising the pseudoloss (Adam, minibatches) lowers −log p(y); β² moves only if learned."""
+    x, y = _data(200)
+    model = _model(x, y, learn_noise=learn_noise, noise=1e-2)
+    with torch.no_grad():
+        before = Dense(model, x, y).nll()
+    torch.manual_seed(0)
+    fit(model, None, (x, y), FitConfig(lr=0.05, epochs=8, batch_size=64, progress=False))
+    with torch.no_grad():
+        after = Dense(model, x, y).nll()
+    assert float(after) < float(before)
+    assert (float(model.noise.detach()) != pytest.approx(1e-2, rel=1e-6)) == learn_noise
+
+
+def test_save_load_round_trip(tmp_path):
+    """gpscale.save / gpscale.load (registry rebuild with init=None) keep the predictions."""
+    x, y = _data()
+    model = build("softki", D, init=(x, y), num_inducing=M, temperature=0.7, ard=True)
+    fit(model, None, (x, y), FitConfig(lr=0.05, epochs=2, batch_size=32, progress=False))
+    loaded = load(save(model, tmp_path / "softki.pt", data=(x, y)))
+    with torch.no_grad():
+        a = model.predict(model.condition(x, y), x[:5])
+        b = loaded.predict(loaded.condition(x, y), x[:5])
+    torch.testing.assert_close(b.mean, a.mean, **TOL)
+    torch.testing.assert_close(b.variance, a.variance, **TOL)
+    assert loaded.options == model.options
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"temperature": 0.0}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"objective": "elbo"}, "objective"),
+    ({"num_probes": 0}, "num_probes"),
+    ({"noise": -1.0}, "noise"),
+    ({"chunk_size": 0}, "chunk_size"),
+    ({"kernel": "cosine"}, "kernel"),
+    ({"num_inducing": 100}, "fewer than"),
+], ids=["tau-zero", "tau-inf", "objective", "probes", "noise", "chunk", "kernel", "too-many"])
+def test_bad_options_raise(options, match):
+    x, y = _data()
+    with pytest.raises(ValueError, match=match):
+        build("softki", D, init=(x, y), **{"num_inducing": M, **options})
+
+
+def test_bad_inputs_raise():
+    x, y = _data()
+    model = _model(x, y)
+    with pytest.raises(ValueError, match="regression"):
+        build("softki", D, task="classification", init=(x, (y > 0).long()))
+    with pytest.raises(ValueError, match="features|columns|num_dims|X"):
+        model.condition(x[:, :2], y)
+    with pytest.raises(ValueError, match="probes"):
+        model.condition(x, y, probes=torch.randn(5, 2))
+
+
+def test_float32_matches_float64():
+    """The QR posterior in float32 (β² = 1e-3, the paper's setting) stays close to float64's."""
+    x, y = _data(300, d=5)
+    x_test, _ = _data(50, d=5, seed=1)
+    model = _model(x, y, num_inducing=32, noise=1e-3)
+    with torch.no_grad():
+        ref = model.predict(model.condition(x, y), x_test)
+        model32 = model.to(torch.float32)
+        x32, y32 = x.float(), y.float()
+        pred = model32.predict(model32.condition(x32, y32), x_test.float())
+        loss = model32.loss(model32.condition(x32, y32))
+    assert pred.mean.dtype == torch.float32 and bool(torch.isfinite(loss))
+    # float32 rounding amplified by 1/β² = 1e3 in Ĉ: agreement to ~1e-3 of the target scale.
+    torch.testing.assert_close(pred.mean.double(), ref.mean, rtol=0, atol=5e-3)
+    torch.testing.assert_close(pred.variance.double(), ref.variance, rtol=0, atol=5e-3)
+
+
+def test_gp_regressor_end_to_end():
+    """GPRegressor(method='softki') trains on a smooth function and predicts it."""
+    x, y = _data(400, d=2)
+    x_test, y_test = _data(100, d=2, seed=1)
+    reg = GPRegressor(method="softki", epochs=20, lr=0.05, batch_size=128, num_inducing=32,
+                      dtype="float64")
+    reg.fit(x.numpy(), y.numpy())
+    mean, std = reg.predict(x_test.numpy(), return_std=True)
+    rmse = float(((torch.as_tensor(mean) - y_test) ** 2).mean().sqrt())
+    assert rmse < 0.5 * float(y_test.std())
+    assert bool((torch.as_tensor(std) > 0).all())
