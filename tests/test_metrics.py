@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gpscale import metrics
+from gpscale.metrics import poisson_nll
 
 PROBS = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
 LABELS = torch.tensor([0, 1, 1])
@@ -71,3 +72,26 @@ def test_coverage_error_hand_case():
 def test_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="3 rows but targets have 2"):
         metrics.rmse(torch.zeros(3), torch.zeros(2))
+
+
+def test_poisson_nll_without_latent_variance_is_the_poisson_pmf():
+    """variance 0: -log Poisson(y; e^μ) = e^μ - yμ + log y!; y = (0, 3), μ = (log 2, 0)."""
+    mean = torch.tensor([math.log(2.0), 0.0], dtype=torch.float64)
+    y = torch.tensor([0.0, 3.0], dtype=torch.float64)
+    expected = 0.5 * ((2.0 - 0.0) + (1.0 - 0.0 + math.log(6.0)))
+    assert math.isclose(poisson_nll(mean, torch.zeros(2, dtype=torch.float64), y), expected,
+                        rel_tol=1e-12)
+
+
+def test_poisson_nll_integrates_over_the_latent():
+    """Quadrature matches a fine trapezoid integral over f, and the predictive is wider."""
+    mean = torch.tensor([0.5, 1.5, -1.0], dtype=torch.float64)
+    var = torch.tensor([0.3, 0.05, 1.0], dtype=torch.float64)
+    y = torch.tensor([4.0, 2.0, 0.0], dtype=torch.float64)
+    f = torch.linspace(-12, 12, 200_001, dtype=torch.float64)[:, None]
+    density = torch.exp(-(f - mean) ** 2 / (2 * var)) / torch.sqrt(2 * math.pi * var)
+    pmf = torch.exp(y * f - torch.exp(f) - torch.lgamma(y + 1))
+    reference = float(-torch.log(torch.trapezoid(density * pmf, f[:, 0], dim=0)).mean())
+    assert math.isclose(poisson_nll(mean, var, y), reference, rel_tol=1e-8)
+    with pytest.raises(ValueError, match="non-negative"):
+        poisson_nll(mean, -var, y)

@@ -61,9 +61,12 @@ class Predictive:
         return self.observed_variance.sqrt()
 
     def nll(self, y: Tensor) -> float:
-        """Mean negative log predictive density of y (Gaussian) or of the true class."""
+        """Mean negative log predictive density of y (Gaussian), of the true class, or of the
+        counts (Poisson: latent log-rate mean and variance, by quadrature)."""
         if self.probs is not None:
             return metrics.multiclass_nll(self.probs, y)
+        if self.rate is not None:
+            return metrics.poisson_nll(self.mean, self.variance, y)
         return metrics.gaussian_nll(self.mean, self.observed_variance, y)
 
     def rmse(self, y: Tensor) -> float:
@@ -88,6 +91,8 @@ class Predictive:
                 "test_nll": self.nll(y),
                 "test_ece": self.ece(y),
             }
+        if self.rate is not None:
+            return {"test_rmse": self.rmse(y), "test_nll": self.nll(y)}
         if self.noise is None:
             return {"test_rmse": self.rmse(y)}
         return {

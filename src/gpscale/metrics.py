@@ -10,6 +10,8 @@ classification metrics take class probabilities of shape (t, C). All return Pyth
 ``multiclass_nll``     :math:`-\\tfrac1t\\sum_j \\log p_{j y_j}`
 ``ece``                expected calibration error, 15 equal-width confidence bins
 ``coverage_error``     :math:`|\\text{empirical coverage of the central 95\\% interval} - 0.95|`
+``poisson_nll``        :math:`-\\tfrac1t\\sum_j \\log E_{f\\sim N(\\mu_j, s_j)}[\\text{Poisson}(y_j; e^f)]`
+                       by Gauss-Hermite quadrature (latent mean and variance of the log-rate)
 =====================  =====================================================================
 """
 
@@ -20,7 +22,8 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["rmse", "gaussian_nll", "accuracy", "multiclass_nll", "ece", "coverage_error"]
+__all__ = ["rmse", "gaussian_nll", "accuracy", "multiclass_nll", "ece", "coverage_error",
+           "poisson_nll"]
 
 
 def rmse(mean: Tensor, y: Tensor) -> float:
@@ -42,6 +45,35 @@ def gaussian_nll(mean: Tensor, variance: Tensor, y: Tensor) -> float:
         raise ValueError("gaussian_nll needs a strictly positive predictive variance")
     nlpd = 0.5 * (torch.log(2 * math.pi * variance) + (y - mean) ** 2 / variance)
     return float(nlpd.mean())
+
+
+def poisson_nll(mean: Tensor, variance: Tensor, y: Tensor, num_nodes: int = 64) -> float:
+    """Mean negative log predictive probability of counts under a Gaussian latent log-rate.
+
+    p(y_j) = ∫ Poisson(y_j; exp f) N(f; mean_j, variance_j) df, computed with ``num_nodes``-point
+    Gauss-Hermite quadrature in log space (exact for variance 0).
+
+    Args:
+        mean: (t,) latent mean of the log-rate.
+        variance: (t,) latent variance (≥ 0).
+        y: (t,) non-negative counts.
+    """
+    _same_length(mean, y)
+    if bool((variance < 0).any()):
+        raise ValueError("poisson_nll needs a non-negative latent variance")
+    nodes, weights = (torch.as_tensor(a, dtype=torch.float64)
+                      for a in _hermgauss(num_nodes))
+    y = y.double()[:, None]
+    f = mean.double()[:, None] + torch.sqrt(2 * variance.double())[:, None] * nodes
+    log_p = y * f - torch.exp(f) - torch.lgamma(y + 1)  # (t, nodes)
+    log_w = torch.log(weights / math.sqrt(math.pi))
+    return float(-torch.logsumexp(log_p + log_w, -1).mean())
+
+
+def _hermgauss(num_nodes: int):
+    import numpy as np
+
+    return np.polynomial.hermite.hermgauss(num_nodes)
 
 
 def accuracy(probs: Tensor, y: Tensor) -> float:
