@@ -34,6 +34,8 @@ SUITES: dict[str, Suite] = {
               "matrix-free kernel-product throughput vs GEMM roofline; peak memory at n=40k"),
         Suite("cagp", "gpscale.benchmarks.cagp",
               "CaGP paper Table 1 at CPU scale: CaGP-Opt vs SGPR/SVGP (m=1024); memory vs n"),
+        Suite("ski", "gpscale.benchmarks.ski",
+              "GGP vs SKI per-iteration time and memory, n = 1e4..1e7 (paper 002 Table 1)"),
         Suite("softki", "gpscale.benchmarks.softki",
               "SoftKI-512 vs SGPR-512, SVGP-1024/512 on Kin40k, Protein, Bike, Elevators, "
               "KEGGu (paper 003 Tables 1-2)"),

@@ -1,0 +1,178 @@
+"""Suite ``ski``: per-iteration time and memory of ``ggp`` vs ``ski`` at fixed m (002 Table 1).
+
+For each data set (the 1-D noisy sine, ``gpscale.data.synthetic.noisy_sine``; a 3-D smooth field,
+``FieldStream``) and n = 10⁴ … 10⁷ at a fixed grid of m points (cubic interpolation, RBF kernel
+with fixed hyperparameters ℓ = 0.2, s = 1, σ² = 0.01 on [0, 1]^d):
+
+- ``ski``: build W (n × 4^d indices/weights), then ``ITERS`` CG iterations on W K_G Wᵀ + σ²I
+  (``gpscale.linalg.solvers.cg``, rtol = 0 so every run does the same work);
+- ``ggp``: the streaming pass for WᵀW, Wᵀy, yᵀy, n (``preprocess_s``), then ``ITERS`` iterations of
+  factorized CG (corrected Alg. 3) from the statistics alone.
+
+``time_per_iter_s`` is the solve's wall time / iterations; ``solver_peak_mb`` the growth of the peak
+RSS during the solve (structures W or WᵀW already built; in a spawned process for the full run,
+in-process for ``quick``); ``counted_memory`` the paper's count, nnz(W) + m + n (SKI) and
+nnz(WᵀW) + 2m (GGP). ggp rows carry ``time_ratio`` and ``memory_ratio`` = ggp/ski (< 1: GGP better),
+the form of the paper's Table 1. ``wtw_format`` rows time one WᵀW product as the stencil and as
+torch CSR. The full run adds a preprocessing-throughput row for n = 10⁸ on the 3-D field (GGP only).
+Not included yet: the GPyTorch KISS-GP peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpscale.benchmarks.memory import current_rss_mb, peak_memory_mb, peak_rss_mb, reset_peak_rss
+from gpscale.benchmarks.report import write_results
+from gpscale.data.synthetic import FieldStream, noisy_sine
+from gpscale.linalg.factorized import factorized_cg
+from gpscale.linalg.grid import grid_kernel, interpolate, make_grid
+from gpscale.linalg.solvers.cg import ConjugateGradient
+from gpscale.methods.ski import sufficient_statistics
+
+__all__ = ["run"]
+
+log = logging.getLogger("gpscale.benchmarks")
+
+DATASETS = ("sine", "field3d")
+ITERS = 20
+FULL = {"sine": ((4096,), (10**4, 10**5, 10**6, 10**7)),
+        "field3d": ((37, 37, 37), (10**4, 10**5, 10**6, 10**7))}
+QUICK = {"sine": ((256,), (10**4, 10**5)), "field3d": ((10, 10, 10), (10**4, 10**5))}
+COLUMNS = ("dataset", "method", "n", "d", "m", "preprocess_s", "time_per_iter_s",
+           "solver_peak_mb", "counted_memory", "time_ratio", "memory_ratio", "wtw_format")
+_F64 = torch.float64
+
+
+def _data(dataset: str, n: int):
+    """(x, y) in memory or a chunk stream, on [0, 1]^d."""
+    if dataset == "sine":
+        data = noisy_sine(num_train=n, num_test=1, seed=0)
+        return data.x_train, data.y_train
+    return FieldStream(n=n, num_dims=3, chunk_size=min(n, 10**6), seed=0)
+
+
+def _in_memory(data):
+    if isinstance(data, tuple):
+        return data
+    chunks = list(data)
+    return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
+
+
+def measure(method: str, dataset: str, n: int, sizes: tuple[int, ...], iters: int = ITERS
+            ) -> dict[str, Any]:
+    """One row: build the structures, then time ``iters`` solver iterations and their memory."""
+    torch.set_num_threads(1)
+    d = len(sizes)
+    grid = make_grid([0.0] * d, [1.0] * d, list(sizes))
+    K = grid_kernel(grid, "rbf", torch.full((d,), 0.2, dtype=_F64), torch.tensor(1.0, dtype=_F64))
+    noise, m = 0.01, grid.num_points
+    data = _data(dataset, n)
+    tic = time.perf_counter()
+    with torch.no_grad():
+        if method == "ggp":
+            stats = sufficient_statistics(data, grid, num_probes=0)
+            prep = time.perf_counter() - tic
+            counted = int((stats.gram.coef != 0).sum()) + 2 * m
+            h, rho = stats.wt_y[:, None], stats.yty.reshape(1)
+            del data
+
+            def solve():
+                return factorized_cg(K.matmul, stats.gram.matmul, noise, h, rho, rtol=0.0,
+                                     max_iters=iters).iterations
+        else:
+            x, y = _in_memory(data)
+            rows = interpolate(grid, x)
+            prep = time.perf_counter() - tic
+            counted = int((rows.weight != 0).sum()) + m + n
+            cg = ConjugateGradient(rtol=0.0, max_iters=iters)
+            state = cg.init(lambda V: rows.matmul(K.matmul(rows.rmatmul(V))) + noise * V)
+
+            def solve():
+                return cg.run(state, y[:, None]).iterations
+        reset_peak_rss()
+        base = current_rss_mb()
+        tic = time.perf_counter()
+        done = solve()
+        elapsed = time.perf_counter() - tic
+        peak = peak_rss_mb() - base
+    return {"dataset": dataset, "method": method, "n": n, "d": d, "m": m, "preprocess_s": prep,
+            "time_per_iter_s": elapsed / max(done, 1), "solver_peak_mb": peak,
+            "counted_memory": counted}
+
+
+def wtw_formats(dataset: str, n: int, sizes: tuple[int, ...], repeats: int = 5
+                ) -> list[dict[str, Any]]:
+    """Time of one WᵀW product (single column) as the stencil and as torch CSR."""
+    torch.set_num_threads(1)
+    d = len(sizes)
+    grid = make_grid([0.0] * d, [1.0] * d, list(sizes))
+    stats = sufficient_statistics(_data(dataset, n), grid, num_probes=0)
+    v = torch.randn(grid.num_points, 1, dtype=_F64)
+    csr = stats.gram.to_csr()
+    rows = []
+    for fmt, fn in (("stencil", stats.gram.matmul), ("csr", lambda V: csr @ V)):
+        fn(v)
+        tic = time.perf_counter()
+        for _ in range(repeats):
+            fn(v)
+        rows.append({"dataset": dataset, "method": "ggp", "n": n, "d": d, "m": grid.num_points,
+                     "time_per_iter_s": (time.perf_counter() - tic) / repeats, "wtw_format": fmt})
+    return rows
+
+
+def preprocessing_throughput(n: int = 10**8, sizes: tuple[int, ...] = (160, 80, 10)
+                             ) -> dict[str, Any]:
+    """The 10⁸-point 3-D run: streaming statistics (points/s) and one mean solve (tol 1e-2)."""
+    torch.set_num_threads(1)
+    grid = make_grid([0.0] * 3, [1.0] * 3, list(sizes))
+    tic = time.perf_counter()
+    stats = sufficient_statistics(FieldStream(n=n, num_dims=3), grid, num_probes=0)
+    prep = time.perf_counter() - tic
+    K = grid_kernel(grid, "rbf", torch.full((3,), 0.2, dtype=_F64), torch.tensor(1.0, dtype=_F64))
+    tic = time.perf_counter()
+    res = factorized_cg(K.matmul, stats.gram.matmul, 0.01, stats.wt_y[:, None],
+                        stats.yty.reshape(1), rtol=1e-2, max_iters=1000)
+    return {"dataset": "field3d", "method": "ggp", "n": n, "d": 3, "m": grid.num_points,
+            "preprocess_s": prep, "points_per_s": n / prep,
+            "mean_inference_s": time.perf_counter() - tic, "iterations": res.iterations}
+
+
+def run(out_dir: Path, *, quick: bool = False,
+        datasets: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """Run the Table-1-style comparison (quick: n ≤ 10⁵, small m); report into ``out_dir``."""
+    datasets = datasets or DATASETS
+    unknown = set(datasets) - set(DATASETS)
+    if unknown:
+        raise ValueError(f"the ski suite runs on {', '.join(DATASETS)}; got {sorted(unknown)}")
+    plan = QUICK if quick else FULL
+    rows: list[dict[str, Any]] = []
+    for dataset in datasets:
+        sizes, ns = plan[dataset]
+        for n in ns:
+            pair = {}
+            for method in ("ski", "ggp"):
+                log.info("ski suite: %s on %s, n = %d", method, dataset, n)
+                if quick:
+                    pair[method] = measure(method, dataset, n, sizes)
+                else:
+                    _, pair[method] = peak_memory_mb(measure, method, dataset, n, sizes)
+            g, s = pair["ggp"], pair["ski"]
+            g["time_ratio"] = g["time_per_iter_s"] / s["time_per_iter_s"]
+            g["memory_ratio"] = g["counted_memory"] / s["counted_memory"]
+            rows += [s, g]
+        rows += wtw_formats(dataset, ns[-1] if quick else 10**6, sizes)
+    if not quick and "field3d" in datasets:
+        rows.append(preprocessing_throughput())
+    notes = (f"{ITERS} CG iterations per row (rtol 0), RBF ℓ = 0.2, s = 1, σ² = 0.01, cubic "
+             "interpolation, one thread. time_ratio and memory_ratio are ggp / ski (paper 002 "
+             "Table 1 form); memory_ratio uses the paper's counts nnz(WᵀW) + 2m vs "
+             "nnz(W) + m + n; solver_peak_mb is the measured RSS growth during the solve.")
+    write_results(out_dir, "ski", rows, columns=[*COLUMNS, "points_per_s", "mean_inference_s",
+                                                 "iterations"], notes=notes)
+    return rows
