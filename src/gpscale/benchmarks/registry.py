@@ -34,6 +34,9 @@ SUITES: dict[str, Suite] = {
               "matrix-free kernel-product throughput vs GEMM roofline; peak memory at n=40k"),
         Suite("cagp", "gpscale.benchmarks.cagp",
               "CaGP paper Table 1 at CPU scale: CaGP-Opt vs SGPR/SVGP (m=1024); memory vs n"),
+        Suite("iterncgp", "gpscale.benchmarks.iterncgp",
+              "IterNCGP vs SoD-Laplace and SVGP: 10-class mixture (N=20k), MNIST 8k, Poisson "
+              "schedules, memory at N*C=1e6 (parts: mixture, mnist, poisson, memory)"),
         Suite("ski", "gpscale.benchmarks.ski",
               "GGP vs SKI per-iteration time and memory, n = 1e4..1e7 (paper 002 Table 1)"),
         Suite("softki", "gpscale.benchmarks.softki",

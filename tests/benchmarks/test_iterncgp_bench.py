@@ -1,0 +1,55 @@
+"""Suite ``iterncgp``: plan, metric curves per Newton step, budget stop, report and plots."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from gpscale.benchmarks import iterncgp
+from gpscale.benchmarks.registry import SUITES
+from gpscale.data import load_dataset
+
+
+def test_gmm_plan_matches_the_paper_grid():
+    plan = iterncgp.gmm_plan()
+    settings = {(m, s) for m, s, _ in plan}
+    assert ("iterncgp", "R=10") in settings and ("iterncgp", "R=inf") in settings
+    assert {s for m, s, _ in plan if m == "sod-laplace"} == {
+        f"N_sub={n}" for n in (250, 500, 1000, 2000)}
+    svgp = {s: o for m, s, o in plan if m == "svgp"}
+    assert svgp == {"U=500": {"num_inducing": 50}, "U=1000": {"num_inducing": 100}}
+    assert SUITES["iterncgp"].runner() is iterncgp.run
+
+
+def test_curve_has_one_row_per_newton_step_and_counts_iterations():
+    data = load_dataset("poisson1d", split=0)
+    options = {**iterncgp.POISSON_HYPERS, "max_iterations": 2, "max_newton_steps": 6,
+               "outer_rtol": 0.0, "atol": 0.0, "rtol": 0.0}
+    out = iterncgp._iterncgp_curve(data, options, None)
+    assert [r["epoch"] for r in out["curve"]] == list(range(1, 7))
+    assert [r["solver_iterations"] for r in out["curve"]] == [2, 4, 6, 8, 10, 12]
+    times = [r["time_s"] for r in out["curve"]]
+    assert times == sorted(times) and out["train_time_s"] == times[-1]
+    assert out["stopped"] == "max_newton_steps" and out["newton_steps"] == 6
+    assert out["test_nll"] == out["curve"][-1]["test_nll"] < out["curve"][0]["test_nll"]
+
+
+def test_budget_stops_after_the_step_that_exceeds_it():
+    data = load_dataset("poisson1d", split=0)
+    out = iterncgp._iterncgp_curve(data, {**iterncgp.POISSON_HYPERS, "max_iterations": 1},
+                                   budget=0.0)
+    assert out["stopped"] == "time" and out["newton_steps"] == 1 and len(out["curve"]) == 1
+
+
+def test_poisson_part_writes_report_curves_and_plot(tmp_path):
+    rows = iterncgp.run(tmp_path, datasets=("poisson",))
+    assert [r["setting"] for r in rows] == ["j<=1", "j<=5", "j<=10", "j<=20"]
+    assert all(r["solver_iterations"] <= iterncgp.POISSON_TOTAL_ITERATIONS for r in rows)
+    assert rows[-1]["solver_iterations"] == 100  # 5 steps of 20, no early outer stop
+    curves = list(csv.DictReader(open(tmp_path / "curves.csv")))
+    assert {c["method"] for c in curves} == {"j<=1", "j<=5", "j<=10", "j<=20"}
+    assert (tmp_path / "poisson_curves.png").stat().st_size > 1000
+    assert "j<=20" in (tmp_path / "report.md").read_text()
+    with pytest.raises(ValueError, match="mixture"):
+        iterncgp.run(tmp_path, datasets=("bike",))
