@@ -34,6 +34,7 @@ from gpscale.kernels import (
 from gpscale.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, Softmax
 from gpscale.methods.base import probit_binary_probs
 from gpscale.methods.registry import build
+from gpscale.validation import check_x, check_xy
 
 __all__ = [
     "FIT_DEFAULTS", "LatentKernel", "PredictiveOptions", "fixed_kernel", "hyperparameter_options",
@@ -284,3 +285,50 @@ def hyperparameter_options(init: tuple[Tensor, Tensor] | None, task: str,
         outputscale = fit_os if outputscale is None else outputscale
     return (1.0 if lengthscale is None else lengthscale,
             1.0 if outputscale is None else outputscale)
+
+
+TASKS = ("classification", "counts")
+"""Tasks of ``iterncgp`` and ``sod-laplace``."""
+
+
+@dataclass(frozen=True)
+class PriorSetup:
+    """What both factories derive from their prior options: C, likelihood, frozen kernel."""
+
+    num_classes: int | None
+    likelihood: Likelihood
+    kernel: Kernel
+    lengthscale: Any
+    outputscale: Any
+    prefit_options: dict[str, Any]
+
+
+def prior_setup(key: str, num_dims: int, *, task: str, num_classes: int | None,
+                init: tuple[Tensor, Tensor] | None, kernel: str, ard: bool, shared: bool,
+                lengthscale: Any, outputscale: Any, seed: int, prefit_steps: int,
+                prefit_num_inducing: int, prefit_lr: float, prefit_batch_size: int
+                ) -> PriorSetup:
+    """Validate the task and ``init``, infer C, and build the fixed kernel (pre-fitting the
+    missing hyperparameters on ``init``, see :func:`hyperparameter_options`).
+
+    Raises:
+        ValueError: a task other than :data:`TASKS`, or invalid ``init`` data.
+    """
+    if task not in TASKS:
+        raise ValueError(f"method {key!r} does not support task {task!r}; it supports "
+                         f"{', '.join(TASKS)}")
+    if init is not None:
+        check_x(init[0], num_dims=num_dims)
+        check_xy(*init, task=task, num_classes=num_classes)
+        if task == "classification" and num_classes is None:
+            num_classes = max(2, int(init[1].max()) + 1)
+    lik = likelihood_for_task(task, num_classes)
+    prefit = dict(num_inducing=prefit_num_inducing, steps=prefit_steps, lr=prefit_lr,
+                  batch_size=prefit_batch_size, seed=seed)
+    lengthscale, outputscale = hyperparameter_options(
+        init, task, num_classes, kernel=kernel, ard=ard, shared=shared,
+        lengthscale=lengthscale, outputscale=outputscale, prefit=prefit)
+    k = fixed_kernel(kernel, num_dims, ard=ard, num_latents=lik.num_latents, shared=shared,
+                     lengthscale=lengthscale, outputscale=outputscale)
+    return PriorSetup(num_classes, lik, k, lengthscale, outputscale,
+                      {f"prefit_{name}": v for name, v in prefit.items() if name != "seed"})

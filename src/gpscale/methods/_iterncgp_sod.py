@@ -25,12 +25,11 @@ from gpscale.likelihoods import Likelihood
 from gpscale.linalg.solvers import Cholesky, CholeskyState
 from gpscale.methods._iterncgp_setup import (
     FIT_DEFAULTS,
+    TASKS,
     LatentKernel,
     PredictiveOptions,
-    fixed_kernel,
-    hyperparameter_options,
     latent_predictive,
-    likelihood_for_task,
+    prior_setup,
     resolve_options,
 )
 from gpscale.methods._iterncgp_solver import Stopping
@@ -40,7 +39,6 @@ from gpscale.validation import check_x, check_xy
 
 __all__ = ["SoDLaplace", "SoDLaplaceState", "build_sod_laplace"]
 
-TASKS = ("classification", "counts")
 
 
 @dataclass(frozen=True)
@@ -176,29 +174,17 @@ def build_sod_laplace(num_dims: int, *, task: str = "classification",
     plus ``num_subset`` (N_sub). The hyperparameter pre-fit uses all of ``init``, so both methods
     get the same values for the same seed.
     """
-    if task not in TASKS:
-        raise ValueError(f"method 'sod-laplace' does not support task {task!r}; it supports "
-                         f"{', '.join(TASKS)}")
-    if init is not None:
-        check_x(init[0], num_dims=num_dims)
-        check_xy(*init, task=task, num_classes=num_classes)
-        if task == "classification" and num_classes is None:
-            num_classes = max(2, int(init[1].max()) + 1)
-    lik = likelihood_for_task(task, num_classes)
-    prefit = dict(num_inducing=prefit_num_inducing, steps=prefit_steps, lr=prefit_lr,
-                  batch_size=prefit_batch_size, seed=seed)
-    lengthscale, outputscale = hyperparameter_options(
-        init, task, num_classes, kernel=kernel, ard=ard, shared=shared_kernel,
-        lengthscale=lengthscale, outputscale=outputscale, prefit=prefit)
-    k = fixed_kernel(kernel, num_dims, ard=ard, num_latents=lik.num_latents,
-                     shared=shared_kernel, lengthscale=lengthscale, outputscale=outputscale)
+    prior = prior_setup("sod-laplace", num_dims, task=task, num_classes=num_classes,
+                        init=init, kernel=kernel, ard=ard, shared=shared_kernel,
+                        lengthscale=lengthscale, outputscale=outputscale, seed=seed,
+                        prefit_steps=prefit_steps, prefit_num_inducing=prefit_num_inducing,
+                        prefit_lr=prefit_lr, prefit_batch_size=prefit_batch_size)
     options = resolve_options(
         num_subset=num_subset, max_newton_steps=max_newton_steps, outer_rtol=outer_rtol,
-        kernel=kernel, ard=ard, lengthscale=lengthscale, outputscale=outputscale,
+        kernel=kernel, ard=ard, lengthscale=prior.lengthscale, outputscale=prior.outputscale,
         shared_kernel=shared_kernel, prior_mean=prior_mean, probs=probs,
-        num_samples=num_samples, seed=seed,
-        **{f"prefit_{k}": v for k, v in prefit.items() if k != "seed"})
-    model = SoDLaplace(k, lik, num_subset=num_subset, seed=seed,
+        num_samples=num_samples, seed=seed, **prior.prefit_options)
+    model = SoDLaplace(prior.kernel, prior.likelihood, num_subset=num_subset, seed=seed,
                        stopping=Stopping(outer_rtol, max_newton_steps),
                        predictive=PredictiveOptions(probs, num_samples, seed),
                        prior_mean=prior_mean, options=options)

@@ -78,12 +78,11 @@ from gpscale.likelihoods import Likelihood
 from gpscale.linalg.policies.unit_vector import UnitVectorPolicy
 from gpscale.methods._iterncgp_setup import (
     FIT_DEFAULTS,
+    TASKS,
     LatentKernel,
     PredictiveOptions,
-    fixed_kernel,
-    hyperparameter_options,
     latent_predictive,
-    likelihood_for_task,
+    prior_setup,
     resolve_options,
 )
 from gpscale.methods._iterncgp_sod import SoDLaplace, SoDLaplaceState, build_sod_laplace
@@ -106,7 +105,6 @@ __all__ = [
     "build_iterncgp", "build_sod_laplace",
 ]
 
-TASKS = ("classification", "counts")
 LINE_SEARCH_HALVINGS = 10
 """The line search tries α = 1, ½, …, 2^{−10} before it rejects a Newton step."""
 POLICIES = {
@@ -403,38 +401,27 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
     Raises:
         ValueError: unsupported task or policy, invalid options or ``init`` data.
     """
-    if task not in TASKS:
-        raise ValueError(f"method 'iterncgp' does not support task {task!r}; it supports "
-                         f"{', '.join(TASKS)}")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
-    if init is not None:
-        check_x(init[0], num_dims=num_dims)
-        check_xy(*init, task=task, num_classes=num_classes)
-        if task == "classification" and num_classes is None:
-            num_classes = max(2, int(init[1].max()) + 1)
-    lik = likelihood_for_task(task, num_classes)
+    prior = prior_setup("iterncgp", num_dims, task=task, num_classes=num_classes, init=init,
+                        kernel=kernel, ard=ard, shared=shared_kernel, lengthscale=lengthscale,
+                        outputscale=outputscale, seed=seed, prefit_steps=prefit_steps,
+                        prefit_num_inducing=prefit_num_inducing, prefit_lr=prefit_lr,
+                        prefit_batch_size=prefit_batch_size)
     stopping = Stopping(outer_rtol, max_newton_steps, atol, rtol, max_iterations)
     recycling = Recycling(recycle, compression_rank)
     predictive = PredictiveOptions(probs, num_samples, seed)
-    prefit = dict(num_inducing=prefit_num_inducing, steps=prefit_steps, lr=prefit_lr,
-                  batch_size=prefit_batch_size, seed=seed)
-    lengthscale, outputscale = hyperparameter_options(
-        init, task, num_classes, kernel=kernel, ard=ard, shared=shared_kernel,
-        lengthscale=lengthscale, outputscale=outputscale, prefit=prefit)
-    k = fixed_kernel(kernel, num_dims, ard=ard, num_latents=lik.num_latents,
-                     shared=shared_kernel, lengthscale=lengthscale, outputscale=outputscale)
     options = resolve_options(
         policy=policy, max_iterations=max_iterations, max_newton_steps=max_newton_steps,
         outer_rtol=outer_rtol, atol=atol, rtol=rtol, recycle=recycle,
-        compression_rank=compression_rank, kernel=kernel, ard=ard, lengthscale=lengthscale,
-        outputscale=outputscale, shared_kernel=shared_kernel, prior_mean=prior_mean,
-        line_search=line_search, probs=probs, num_samples=num_samples, seed=seed,
-        chunk_size=chunk_size, backend=backend,
-        **{f"prefit_{k}": v for k, v in prefit.items() if k != "seed"})
-    model = IterNCGP(k, lik, POLICIES[policy](seed), recycling, stopping, predictive,
-                     prior_mean=prior_mean, line_search=line_search, chunk_size=chunk_size,
-                     backend=backend, options=options)
+        compression_rank=compression_rank, kernel=kernel, ard=ard,
+        lengthscale=prior.lengthscale, outputscale=prior.outputscale,
+        shared_kernel=shared_kernel, prior_mean=prior_mean, line_search=line_search,
+        probs=probs, num_samples=num_samples, seed=seed, chunk_size=chunk_size,
+        backend=backend, **prior.prefit_options)
+    model = IterNCGP(prior.kernel, prior.likelihood, POLICIES[policy](seed), recycling,
+                     stopping, predictive, prior_mean=prior_mean, line_search=line_search,
+                     chunk_size=chunk_size, backend=backend, options=options)
     return model if init is None else model.to(device=init[0].device, dtype=init[0].dtype)
 
 
