@@ -10,8 +10,8 @@ classification metrics take class probabilities of shape (t, C). All return Pyth
 ``multiclass_nll``     :math:`-\\tfrac1t\\sum_j \\log p_{j y_j}`
 ``ece``                expected calibration error, 15 equal-width confidence bins
 ``coverage_error``     :math:`|\\text{empirical coverage of the central 95\\% interval} - 0.95|`
-``poisson_nll``        :math:`-\\tfrac1t\\sum_j \\log E_{f\\sim N(\\mu_j, s_j)}[\\text{Poisson}(y_j; e^f)]`
-                       by Gauss-Hermite quadrature (latent mean and variance of the log-rate)
+``poisson_nll``        :math:`-\\tfrac1t\\sum_j \\log E_{f \\sim N(\\mu_j, s_j)} p(y_j | e^f)`
+                       for Poisson counts (Gauss-Hermite quadrature over the log-rate)
 =====================  =====================================================================
 """
 

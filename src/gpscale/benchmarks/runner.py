@@ -33,7 +33,8 @@ from gpscale.training import (
     resolve_fit_config,
 )
 
-__all__ = ["RunSpec", "RunResult", "run", "load_data", "predict_test"]
+__all__ = ["RunSpec", "RunResult", "run", "load_data", "predict_test", "write_outputs",
+           "write_partial"]
 
 log = logging.getLogger("gpscale.benchmarks")
 
@@ -148,7 +149,7 @@ def run(spec: RunSpec) -> RunResult:
             else:
                 history, state = condition_only(model, (x, y), callbacks)
         except NonFiniteLossError as err:
-            _write_partial(spec, err.history)
+            write_partial(spec, err.history)
             raise
     tic = time.perf_counter()
     pred = predict_test(model, x, y, x_test, state)
@@ -161,7 +162,7 @@ def run(spec: RunSpec) -> RunResult:
         "noise": _noise(pred),
     }
     if spec.out is not None:
-        _write(spec, metrics, history, model, data, (x, y))
+        write_outputs(spec, metrics, history, model, data, (x, y))
     return RunResult(metrics, history, model, data)
 
 
@@ -169,7 +170,7 @@ def _noise(pred: Predictive) -> float | None:
     return None if pred.noise is None else float(pred.noise.double().mean())
 
 
-def _write(spec: RunSpec, metrics: dict[str, Any], history: History, model: Method,
+def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, model: Method,
            data: Dataset, train: tuple[torch.Tensor, torch.Tensor]) -> None:
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -184,7 +185,7 @@ def _write(spec: RunSpec, metrics: dict[str, Any], history: History, model: Meth
     log.info("wrote %s", out)
 
 
-def _write_partial(spec: RunSpec, history: History | None) -> None:
+def write_partial(spec: RunSpec, history: History | None) -> None:
     if spec.out is None or history is None:
         return
     out = Path(spec.out)

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     fitp = sub.add_parser("fit", help="train a method on a dataset and write metrics and model")
     _add_fit_flags(fitp)
+    fitp.add_argument("--nproc", type=int, default=1, metavar="P",
+                      help="train data-parallel in P local processes (cagp-opt and minibatch "
+                      "methods); several machines: see `python -m pydoc gpscale.distributed`")
 
     pred = sub.add_parser("predict", help="predict with a saved model on a CSV file")
     pred.add_argument("--model", required=True, help="model.pt written by `gpscale fit`")
@@ -101,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_fit(args: argparse.Namespace) -> int:
     from gpscale.benchmarks.runner import RunSpec, run
+    from gpscale.distributed.env import DEFAULT_TIMEOUT, DistributedError
 
     spec = RunSpec(
         method=args.method, dataset=args.dataset, csv=args.data, target=args.target,
@@ -109,8 +113,34 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         scheduler=args.scheduler, eval_every=args.eval_every, dtype=args.dtype,
         options=dict(args.option), dataset_options=dict(args.data_option), out=args.out,
         checkpoint=args.checkpoint, progress=False if args.no_progress else None)
-    result = run(spec)
-    print(json.dumps(result.metrics, indent=2))
+    world_size = int(os.environ.get("WORLD_SIZE") or 1)  # set by torchrun
+    timeout = float(os.environ.get("GPSCALE_DIST_TIMEOUT") or DEFAULT_TIMEOUT)
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be at least 1; got {args.nproc}")
+    if args.nproc > 1 and world_size > 1:
+        raise ValueError("--nproc starts local processes itself; under torchrun leave it out")
+    try:
+        if args.nproc > 1:
+            from gpscale.distributed.launch import launch
+            from gpscale.distributed.train import run_rank
+
+            threads = int(os.environ["GPSCALE_THREADS"]) if os.environ.get(
+                "GPSCALE_THREADS") else None
+            metrics = launch(run_rank, (spec, timeout), nproc=args.nproc, timeout=timeout,
+                             threads=threads)[0]
+        elif world_size > 1:
+            from gpscale.distributed.env import current
+            from gpscale.distributed.train import run_rank
+
+            metrics = run_rank(spec, timeout)
+            if not current().is_main:
+                return 0
+        else:
+            metrics = run(spec).metrics
+    except DistributedError as err:
+        print(f"gpscale fit: data-parallel run failed: {err}", file=sys.stderr)
+        return 4
+    print(json.dumps(metrics, indent=2))
     print(f"wrote {args.out}/metrics.json, history.csv and model.pt", file=sys.stderr)
     return 0
 

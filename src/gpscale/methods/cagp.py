@@ -80,7 +80,7 @@ from gpscale.validation import check_num_points, check_x, check_xy
 
 __all__ = [
     "OBJECTIVES", "CaGP", "CaGPState", "IterativePosterior", "build_cagp_cg", "build_cagp_opt",
-    "iterative_posterior",
+    "action_gram", "iterative_posterior", "kernel_times", "trace_solve",
 ]
 
 OBJECTIVES = ("elbo", "projected_nll")
@@ -175,10 +175,10 @@ class CaGP(Method):
         S = self.policy(lambda V: kernel_matmul(self.kernel, x, x, V, chunk_size=self.chunk_size,
                                                 backend=self.backend) + noise * V, r)
         check_num_points(x.shape[0], S.shape[-1], "actions")
-        Z = _kernel_times(S, self.kernel, x, None, self.chunk_size, self.backend)  # line 3
+        Z = kernel_times(S, self.kernel, x, None, self.chunk_size, self.backend)  # line 3
         G_K = upcast(S.mT @ Z)  # (i, i) SᵀKS
         G_K = 0.5 * (G_K + G_K.mT)
-        D, logdet_D = _action_gram(S)
+        D, logdet_D = action_gram(S)
         L = safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S")  # line 4
         y_proj = upcast(S.mT @ r)  # line 2, ỹ = Sᵀ r
         v_proj = torch.cholesky_solve(y_proj[:, None], L)[:, 0]  # line 5
@@ -200,7 +200,7 @@ class CaGP(Method):
         n = state.residual.shape[0]
         error = state.residual - state.K_S @ as_dtype(state.repr_weights_proj, state.K_S)
         Z = upcast(state.K_S)  # float64: Σ_j K_jj − tr(G⁻¹ZᵀZ) cancels, and 1/σ² amplifies
-        var_sum = state.prior_var_sum - _trace_solve(state.cholesky, Z.mT @ Z)
+        var_sum = state.prior_var_sum - trace_solve(state.cholesky, Z.mT @ Z)
         noise = upcast(state.noise)
         sq = upcast(error.square().sum())
         return -0.5 * ((sq + var_sum) / noise + n * torch.log(2 * math.pi * noise)) / n
@@ -210,7 +210,7 @@ class CaGP(Method):
         n, i = state.residual.shape[0], state.num_actions
         v = state.repr_weights_proj
         logdet_G = 2 * state.cholesky.diagonal().log().sum()
-        value = (v @ state.gram_K @ v - _trace_solve(state.cholesky, state.gram_K) + logdet_G
+        value = (v @ state.gram_K @ v - trace_solve(state.cholesky, state.gram_K) + logdet_G
                  - i * torch.log(upcast(state.noise)) - state.logdet_actions)
         return 0.5 * value / n
 
@@ -227,7 +227,7 @@ class CaGP(Method):
         check_x(x_test, num_dims=self.num_dims, name="x_test")
 
         def chunk(xc: Tensor) -> Predictive:
-            K_S = _kernel_times(state.actions, self.kernel, state.x, xc, self.chunk_size,
+            K_S = kernel_times(state.actions, self.kernel, state.x, xc, self.chunk_size,
                                 self.backend)  # (t, i), line 6
             mean = self.mean(xc) + K_S @ as_dtype(state.repr_weights_proj, K_S)  # line 7
             W = torch.linalg.solve_triangular(state.cholesky, upcast(K_S).mT, upper=False)
@@ -238,33 +238,33 @@ class CaGP(Method):
         return predict_in_chunks(chunk, x_test, chunk_size)
 
 
-def _trace_solve(L: Tensor, A: Tensor) -> Tensor:
+def trace_solve(L: Tensor, A: Tensor) -> Tensor:
     """tr(G⁻¹ A) for G = L Lᵀ."""
     return torch.cholesky_solve(A, L).diagonal().sum()
 
 
 @functools.singledispatch
-def _action_gram(S: Tensor) -> tuple[Tensor, Tensor]:
+def action_gram(S: Tensor) -> tuple[Tensor, Tensor]:
     """(SᵀS, log det SᵀS) in float64 for dense actions (through a Cholesky factor)."""
     D = upcast(S.mT @ S)
     return D, 2 * safe_cholesky(D, name="action Gram SᵀS").diagonal().log().sum()
 
 
-@_action_gram.register
+@action_gram.register
 def _(S: BlockSparseActions) -> tuple[Tensor, Tensor]:
     norms = upcast(S.squared_norms())  # ‖s'_j‖², SᵀS is diagonal
     return torch.diag(norms), norms.log().sum()  # Eq. (11): Σ_j log ‖s'_j‖²
 
 
 @functools.singledispatch
-def _kernel_times(S: Tensor, kernel, x: Tensor, x_rows: Tensor | None, chunk_size: int | None,
+def kernel_times(S: Tensor, kernel, x: Tensor, x_rows: Tensor | None, chunk_size: int | None,
                   backend: str) -> Tensor:
     """K(x_rows, x) S matrix-free (x_rows=None: K(x, x) S) for dense actions."""
     rows = x if x_rows is None else x_rows
     return kernel_matmul(kernel, rows, x, S, chunk_size=chunk_size, backend=backend)
 
 
-@_kernel_times.register
+@kernel_times.register
 def _(S: BlockSparseActions, kernel, x: Tensor, x_rows: Tensor | None, chunk_size: int | None,
       backend: str) -> Tensor:
     return kernel_block_sparse_matmul(kernel, x, S, x_rows=x_rows, chunk_size=chunk_size,

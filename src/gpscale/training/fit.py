@@ -7,6 +7,12 @@ writes the model, optimiser, scheduler, history and shuffling-generator state at
 later call with the same path resumes where the earlier one stopped. A non-finite loss stops
 training: the model is restored to the last good parameters and ``NonFiniteLossError`` is raised
 carrying the history and the last checkpoint (which is never overwritten by a bad state).
+
+Data-parallel runs pass ``parallel`` (``gpscale.distributed.train.DataParallel``): every rank
+runs this loop on its shard, the hook supplies the rank's minibatches, reduces each step's loss
+and gradients across ranks before the optimiser sees them, and agrees on the epoch time, so all
+ranks take identical steps and stop together; only the main rank shows progress and writes the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ class _Run:
 
 
 def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
-        config: FitConfig | None = None, callbacks: Sequence[Any] = ()) -> History:
+        config: FitConfig | None = None, callbacks: Sequence[Any] = (), *,
+        parallel: Any = None) -> History:
     """Train ``model`` in place and return its :class:`History`.
 
     Args:
@@ -65,6 +72,11 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
         config: optimisation options (:class:`FitConfig`); defaults when ``None``.
         callbacks: objects with ``on_epoch_end(model, epoch, row, final=False)`` returning
             metrics to record (see ``training.callbacks``).
+        parallel: ``None`` (one process) or a data-parallel hook with ``is_main``,
+            ``batches(n, batch_size, generator)`` (an iterator of local index tensors or
+            ``None``), ``reduce_loss(loss, batch_rows) -> float``, ``step_rows() -> int`` (the
+            last step's global batch size), ``reduce_gradients(model, batch_rows)`` and
+            ``epoch_time(seconds) -> float`` (see ``gpscale.distributed.train``).
 
     Returns:
         The history, one row per epoch: ``epoch``, ``time_s`` (cumulative training time,
@@ -90,15 +102,18 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
         log.info("resumed from %s at epoch %d", ckpt, run.start_epoch)
     history = run.history
     clock = run.time_offset
-    bar = tqdm(total=config.epochs, initial=run.start_epoch - 1, disable=not _show(config),
+    main = parallel is None or parallel.is_main
+    bar = tqdm(total=config.epochs, initial=run.start_epoch - 1,
+               disable=not (_show(config) and main),
                desc="fit", unit="epoch", file=sys.stderr, dynamic_ncols=True)
     history.stopped = "running"
     try:
         for epoch in range(run.start_epoch, config.epochs + 1):
             good = copy.deepcopy(model.state_dict())
             tic = time.perf_counter()
-            loss = _epoch(model, loss_fn, x, y, config, run)
-            clock += time.perf_counter() - tic
+            loss = _epoch(model, loss_fn, x, y, config, run, parallel)
+            elapsed = time.perf_counter() - tic
+            clock += elapsed if parallel is None else parallel.epoch_time(elapsed)
             if not math.isfinite(loss):
                 model.load_state_dict(good)
                 history.stopped = "non-finite"
@@ -119,7 +134,7 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             history.append(row)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4g}")
-            if ckpt is not None and (epoch % config.checkpoint_every == 0 or last):
+            if ckpt is not None and main and (epoch % config.checkpoint_every == 0 or last):
                 _save_checkpoint(ckpt, model, run, epoch, clock)
             if out_of_time:
                 history.stopped = "time"
@@ -183,46 +198,56 @@ def _batches(n: int, batch_size: int | None, generator: torch.Generator) -> Iter
 
 
 def _epoch(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, config: FitConfig,
-           run: _Run) -> float:
+           run: _Run, parallel: Any = None) -> float:
     """One pass over the data; returns the mean loss (NaN/inf as soon as one batch is)."""
     model.train()
     total, count = 0.0, 0
-    for idx in _batches(x.shape[0], config.batch_size, run.generator):
+    batches = _batches if parallel is None else parallel.batches
+    for idx in batches(x.shape[0], config.batch_size, run.generator):
         xb, yb = (x, y) if idx is None else (x[idx.to(x.device)], y[idx.to(y.device)])
-        value = _step(model, loss_fn, xb, yb, config, run.optimizer)
+        value = _step(model, loss_fn, xb, yb, config, run.optimizer, parallel)
         if not math.isfinite(value):
             return value
-        total += value * xb.shape[0]
-        count += xb.shape[0]
+        rows = xb.shape[0] if parallel is None else parallel.step_rows()  # the global batch
+        total += value * rows
+        count += rows
     return total / count
 
 
 def _step(model: nn.Module, loss_fn: LossFn, xb: Tensor, yb: Tensor, config: FitConfig,
-          optimizer: torch.optim.Optimizer) -> float:
+          optimizer: torch.optim.Optimizer, parallel: Any = None) -> float:
     first: list[float] = []
+
+    def value_of(loss: Tensor) -> float:
+        if parallel is None:
+            return float(loss.detach())
+        return parallel.reduce_loss(loss.detach(), xb.shape[0])  # every rank sees one value
 
     def closure() -> Tensor:
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model, xb, yb)
-        if not torch.isfinite(loss):
-            first.append(float(loss.detach()))
+        value = value_of(loss)
+        if not math.isfinite(value):
+            first.append(value)
             return loss
         loss.backward()
+        if parallel is not None:
+            parallel.reduce_gradients(model, xb.shape[0])
         if config.grad_clip is not None:
             nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         if not first:
-            first.append(float(loss.detach()))
+            first.append(value)
         return loss
 
     if config.optimizer == "lbfgs":
         optimizer.step(closure)
         # L-BFGS evaluates the loss several times; report the value at the new parameters.
         with torch.no_grad():
-            return float(loss_fn(model, xb, yb)) if math.isfinite(first[0]) else first[0]
-    loss = closure()
-    if torch.isfinite(loss):
+            return value_of(loss_fn(model, xb, yb)) if math.isfinite(first[0]) else first[0]
+    closure()
+    if math.isfinite(first[0]):
         optimizer.step()
-    return float(loss.detach())
+    return first[0]
 
 
 def _run_callbacks(callbacks: Sequence[Any], model: nn.Module, epoch: int, row: dict[str, Any],

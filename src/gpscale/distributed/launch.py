@@ -1,0 +1,143 @@
+"""Start P local processes of a data-parallel job, as ``torchrun --nproc-per-node P`` would.
+
+:func:`launch` spawns P fresh interpreters (``spawn`` start method: safe with threads and CUDA),
+sets the torchrun variables in each (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` = a free port), joins the
+process group (:func:`gpscale.distributed.env.init_from_env`) and calls ``fn(*args)`` on every
+rank. ``fn`` must be a module-level function (it is pickled by reference). The ranks' return
+values come back as a list in rank order.
+
+If a rank fails, the others stop by themselves at their next collective (a closed connection
+or the ``timeout``); processes still alive ``timeout + grace`` seconds after the first failure
+are terminated. The parent then raises :class:`~gpscale.distributed.env.DistributedError`
+naming the rank that failed first, its error and traceback, and what happened to the others.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpscale.distributed.env import DEFAULT_TIMEOUT, DistributedError, init_from_env, shutdown
+
+__all__ = ["free_port", "launch"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(fn: Callable[..., Any], args: Sequence[Any], rank: int, world_size: int,
+            port: int, result_dir: str, threads: int, timeout: float,
+            backend: str | None) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(threads)
+    path = Path(result_dir) / f"rank{rank}.pt"
+    try:
+        init_from_env(timeout=timeout, backend=backend)
+        result = {"ok": fn(*args)}
+    except BaseException as err:  # reported to the parent, then this rank exits non-zero
+        result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+    finally:
+        shutdown()
+    torch.save(result, path)
+    if "error" in result:
+        sys.exit(1)
+
+
+def launch(fn: Callable[..., Any], args: Sequence[Any] = (), *, nproc: int = 2,
+           timeout: float = DEFAULT_TIMEOUT, grace: float = 30.0, threads: int | None = None,
+           backend: str | None = None) -> list[Any]:
+    """Run ``fn(*args)`` on ``nproc`` local ranks of one process group; return their results.
+
+    Args:
+        fn: a module-level function; it finds its rank with ``gpscale.distributed.current()``.
+        args: picklable positional arguments (the same on every rank).
+        nproc: P ≥ 1 processes.
+        timeout: seconds each collective waits for the other ranks.
+        grace: extra seconds, past ``timeout``, the launcher waits after a failure before it
+            terminates the ranks still running.
+        threads: torch threads per rank; default max(1, cores // P).
+        backend: ``'gloo'`` / ``'nccl'``; default by device (see ``init_from_env``).
+
+    Returns:
+        ``[fn(*args) on rank 0, …, on rank P−1]``.
+
+    Raises:
+        ValueError: ``nproc`` < 1.
+        DistributedError: some rank raised or died; the message names it and shows its traceback.
+    """
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a positive integer; got {nproc!r}")
+    threads = threads or max(1, (os.cpu_count() or 1) // nproc)
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="gpscale-launch-") as tmp:
+        procs = [ctx.Process(target=_worker, name=f"gpscale-rank{r}", daemon=False,
+                             args=(fn, tuple(args), r, nproc, port, tmp, threads, timeout,
+                                   backend))
+                 for r in range(nproc)]
+        for p in procs:
+            p.start()
+        failed = _join(procs, timeout + grace)
+        results = [_read(Path(tmp) / f"rank{r}.pt") for r in range(nproc)]
+    if failed:
+        raise DistributedError(_failure_message(failed, procs, results))
+    return [r["ok"] for r in results]
+
+
+def _join(procs: list, patience: float) -> list[int]:
+    """Wait for every process; return the ranks that failed, first failure first."""
+    failed: list[int] = []
+    first_failure = None
+    while any(p.is_alive() for p in procs):
+        for r, p in enumerate(procs):
+            if not p.is_alive() and p.exitcode != 0 and r not in failed:
+                failed.append(r)
+                first_failure = first_failure or time.monotonic()
+        if first_failure is not None and time.monotonic() - first_failure > patience:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+        time.sleep(0.05)
+    for p in procs:
+        p.join()
+    failed += [r for r, p in enumerate(procs) if p.exitcode != 0 and r not in failed]
+    return failed
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    return torch.load(path, weights_only=False)
+
+
+def _failure_message(failed: list[int], procs: list, results: list[dict[str, Any]]) -> str:
+    world = len(procs)
+    lines = []
+    for r in failed:
+        if "error" in results[r]:
+            lines.append(f"rank {r}/{world} raised {results[r]['error']}")
+        else:
+            lines.append(f"rank {r}/{world} died with exit code {procs[r].exitcode} without "
+                         "reporting an error (killed, out of memory, or os._exit)")
+    first = failed[0]
+    text = "data-parallel job failed:\n  " + "\n  ".join(lines)
+    if "traceback" in results[first]:
+        text += f"\ntraceback of rank {first}:\n{results[first]['traceback']}"
+    return text
