@@ -39,6 +39,9 @@ SUITES: dict[str, Suite] = {
               "schedules, memory at N*C=1e6 (parts: mixture, mnist, poisson, memory)"),
         Suite("ski", "gpscale.benchmarks.ski",
               "GGP vs SKI per-iteration time and memory, n = 1e4..1e7 (paper 002 Table 1)"),
+        Suite("solvegp", "gpscale.benchmarks.solvegp",
+              "SOLVE-GP 256+256 vs SVGP 256/384/512 on Elevators, Bike, Kin40k, Protein, KEGGu; "
+              "MNIST softmax (paper 004)"),
         Suite("softki", "gpscale.benchmarks.softki",
               "SoftKI-512 vs SGPR-512, SVGP-1024/512 on Kin40k, Protein, Bike, Elevators, "
               "KEGGu (paper 003 Tables 1-2)"),

@@ -78,3 +78,4 @@ def _load_builtin() -> None:
     import gpscale.methods.iterncgp  # noqa: F401  (registers iterncgp and sod-laplace)
     import gpscale.methods.ski  # noqa: F401  (registers ski and ggp)
     import gpscale.methods.softki  # noqa: F401
+    import gpscale.methods.solvegp  # noqa: F401

@@ -1,0 +1,499 @@
+r"""``solvegp``: SOLVE-GP, sparse orthogonal variational inference (regression, classification).
+
+Shi, Titsias & Mnih (2020), "Sparse Orthogonal Variational Inference for Gaussian Processes",
+AISTATS 2020, arXiv:1910.10596 (notes/004_solvegp.md; equation numbers are the paper's).
+
+==========  ===============================  ================================================
+symbol      variable                         meaning
+==========  ===============================  ================================================
+x, y        ``state.x``, ``state.y``         (b, d) inputs (a minibatch), (b,) targets
+N           ``num_data``                     training-set size, scales the KL terms
+L           ``num_latents``                  latent GPs: 1 (regression, binary), C (softmax)
+Z, u        ``inducing_points``              (L, M, d) standard inducing inputs, u = f(Z)
+O, v⊥       ``orthogonal_points``            (L, M2, d) orthogonal inducing inputs, v⊥ = f⊥(O)
+L_u⁰, L_v⁰  ``chol_uu``, ``chol_vv``         chol(K_uu), chol(C_vv) (float64)
+A           ``InducingFactors.A``            L_u⁰ \ K_uv (M, M2)
+B, D        ``Projections.B``, ``.D``        L_u⁰ \ K_uf (M, b), L_v⁰ \ C_vf (M2, b)
+q(u)        ``q_mean_u``, ``q_chol_u``       N(m_u, L_u L_uᵀ) (whitened: of u' = L_u⁰⁻¹ u)
+q(v⊥)       ``q_mean_v``, ``q_chol_v``       N(m_v, L_v L_vᵀ) (whitened: of L_v⁰⁻¹ v⊥)
+σ²          ``noise``                        Gaussian noise variance (regression)
+==========  ===============================  ================================================
+
+Model (notes §2.3–2.4). f = f∥ + f⊥ with f∥(x) = k(x, Z) K_uu⁻¹ u and the residual GP f⊥ with
+covariance c(x, x') = k(x, x') − k(x, Z) K_uu⁻¹ k(Z, x'); C_vv = c(O, O), C_vf = c(O, X).
+Variational family q(u) q(v⊥) p⊥(f⊥ | v⊥), plus GPyTorch's learned constant prior mean μ₀.
+
+Implemented:
+
+- ELBO, Eq. (8) = (31): Σ_n E_{N(μ_n, σ_n²)}[log p(y_n | f_n)] − KL_u − KL_v with the marginals
+  (33)–(34) and the KLs (35)–(36) (with M2 in (36), notes §5 typo 1) by Alg. 1: two Cholesky
+  factorisations, of K_uu (M × M) and C_vv = K_vv − AᵀA (M2 × M2), never one of size M + M2.
+  ``loss`` = (KL_u + KL_v)/N − mean over the batch of the expected log-likelihoods: an
+  unbiased minibatch estimate of −ELBO/N.
+- Whitened (default, ``whiten=True``) and unwhitened q. Both run through the whitened formulas
+  of notes §2.14 (μ = Bᵀa_u + Dᵀa_v, σ² = k(x, x) + ‖P_uᵀB‖² − ‖B‖² + ‖P_vᵀD‖² − ‖D‖²): for an
+  unwhitened q, a = L⁰⁻¹m and P = L⁰⁻¹L are exactly Compute_KL's quantities (Alg. 1 line 9), and
+  Eᵀm_u = Bᵀa_u, F = L_uᵀE = P_uᵀB (lines 5–7), likewise G, H.
+- ``objective='collapsed'`` (Gaussian regression, full batch): Eq. (9) at the optimal q(v⊥) of
+  Eqs. (28)–(29), i.e. Eq. (30), in O(n (M + M2)² + M³ + M2³) by Woodbury (:func:`collapsed_bound`,
+  :func:`optimal_q_v`). Prediction then uses q*(v⊥) and the optimal q(u) given it (derived in notes
+  §2.7: whitened S_u = Λ⁻¹, m_u = Λ⁻¹B(y − μ₀ − Dᵀa_v)/σ², Λ = I + BBᵀ/σ²), so it needs the data.
+- Predictive, Eqs. (37)–(38) marginals (= (33)–(34) at test inputs); σ² added for regression.
+- Special cases by arguments: ``num_orthogonal=0`` is SVGP (Hensman et al. 2013/2015);
+  ``orthogonal_q='mean'`` fixes S_v = C_vv (whitened L_v = I) and learns m_v only: ODVGP
+  (Salimbeni et al. 2018, notes §2.10), without its K_vv column subsampling.
+
+Likelihoods (gpscale.likelihoods): Gaussian, closed form; binary labels: one latent GP with the
+logistic Bernoulli, E[log p] and p(y = 1) by Gauss–Hermite quadrature (``num_quadrature`` nodes);
+C > 2 classes: C independent latent GPs (own kernel hyperparameters, own Z and O, as the ``svgp``
+baseline), softmax, E[log p] and probabilities by Monte Carlo with ``num_likelihood_samples``
+reparameterised draws from the independent marginals (prediction draws from a generator seeded
+with ``seed``; training draws from the global generator or the one passed to ``loss``).
+
+Initialisation: k-means with M + M2 centres on (a seeded subsample of) the inputs, randomly split
+into Z (M) and O (M2), so that no o_i sits on a z_j (C_vv would be singular there, notes §5);
+q(u), q(v⊥) start at the prior (whitened: N(0, I); unwhitened: L_u = L_u⁰, L_v = L_v⁰).
+
+Numerics: K_uu, C_vv, their factors and the solves for B, D are float64 (as GPyTorch's in the
+``svgp`` baseline); B, D are cast to the data dtype for the O(b M²) products. ``jitter`` (1e-4 in
+float32, 1e-6 in float64 by default, as GPyTorch) is added to K_uu and C_vv; ``safe_cholesky``
+adds more, with a warning, if needed. σ²(x) is a difference of terms, clamped at 0 (notes §5).
+
+Cost per step: O(b (M² + M M2 + M2²) + M³ + M2³ + M M2²) time, O(b (M + M2) + M² + M2²) memory,
+times L. Deviation: the paper trains with no prior mean; we learn a constant mean like the
+GPyTorch baselines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import gpytorch
+import torch
+from torch import Tensor, nn
+
+from gpscale.distributions import Predictive
+from gpscale.kernels import kernel_diag, kernel_matrix
+from gpscale.likelihoods import Bernoulli, Softmax
+from gpscale.linalg.ops import add_jitter, safe_cholesky, upcast
+from gpscale.methods._common import (
+    check_task_and_init,
+    follow_init,
+    gaussian_likelihood,
+    prior_modules,
+    prior_options,
+    resolve_num_classes,
+)
+from gpscale.methods._solvegp_parts import (
+    VARIANCE_FLOOR,
+    InducingFactors,
+    Projections,
+    WhitenedQ,
+    batch_eye,
+    collapsed_bound,
+    gauss_hermite,
+    initial_points,
+    kl_whitened,
+    optimal_q_u,
+    optimal_q_v,
+    tri_solve,
+)
+from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.registry import MethodSpec, register
+from gpscale.validation import check_num_points, check_x, check_xy
+
+__all__ = [
+    "OBJECTIVES", "ORTHOGONAL_Q", "InducingFactors", "Projections", "SolveGP", "SolveGPState",
+    "WhitenedQ", "build_solvegp", "collapsed_bound", "gauss_hermite", "kl_whitened",
+    "optimal_q_u", "optimal_q_v",
+]
+
+TASKS = ("regression", "classification")
+OBJECTIVES = ("elbo", "collapsed")
+ORTHOGONAL_Q = ("full", "mean")
+DEFAULT_JITTER = {torch.float32: 1e-4, torch.float64: 1e-6}
+
+
+@dataclass(frozen=True)
+class SolveGPState:
+    """A conditioned batch.
+
+    Attributes:
+        x: (b, d) inputs; y: (b,) targets (long labels for C > 2 classes).
+        factors: the inducing factors (Alg. 1 lines 1–2).
+        q: the variational distributions in whitened coordinates: the module's (``elbo``) or
+            the optimal ones for (x, y) (``collapsed``).
+        bound: Eq. (30) on (x, y) for ``collapsed``, else ``None``.
+    """
+
+    x: Tensor
+    y: Tensor
+    factors: InducingFactors
+    q: WhitenedQ
+    bound: Tensor | None = None
+
+
+class SolveGP(Method):
+    """SOLVE-GP with M standard and M2 orthogonal inducing points (key ``solvegp``).
+
+    Args:
+        mean: GPyTorch constant mean (batch shape (C,) for C > 2 classes).
+        kernel: GPyTorch kernel (same batch shape).
+        likelihood: GPyTorch ``GaussianLikelihood`` (regression), gpscale ``Bernoulli`` or
+            ``Softmax``.
+        inducing_points: Z (L, M, d).
+        orthogonal_points: O (L, M2, d); M2 = 0 gives SVGP.
+        task: ``"regression"`` or ``"classification"``.
+        num_classes: C for classification, else ``None``.
+        num_dims: input dimension d.
+        num_data: N, scales the KL terms.
+        objective: ``'elbo'`` (Eq. 8, minibatch) or ``'collapsed'`` (Eq. 30, full batch).
+        whiten: whitened (default) or unwhitened parameterisation of q.
+        orthogonal_q: ``'full'`` (SOLVE-GP) or ``'mean'`` (S_v = C_vv: ODVGP).
+        jitter: added to K_uu and C_vv; ``None`` for :data:`DEFAULT_JITTER` of the dtype.
+        num_quadrature: Gauss–Hermite nodes (binary likelihood).
+        num_likelihood_samples: Monte Carlo draws (softmax likelihood).
+        seed: seeds the Monte Carlo softmax probabilities at prediction.
+        options: resolved factory options (stored as ``self.options``).
+
+    Example:
+        >>> import torch
+        >>> from gpscale.methods.solvegp import build_solvegp
+        >>> x = torch.randn(60, 2, dtype=torch.float64); y = torch.sin(x[:, 0])
+        >>> model = build_solvegp(2, init=(x, y), num_inducing=6, num_orthogonal=6)
+        >>> model.predict(model.condition(x, y), x[:3]).mean.shape
+        torch.Size([3])
+    """
+
+    key = "solvegp"
+    minibatch = True
+    needs_data_for_prediction = False
+
+    def __init__(self, mean: gpytorch.means.ConstantMean, kernel: gpytorch.kernels.Kernel,
+                 likelihood: Any, inducing_points: Tensor, orthogonal_points: Tensor, *,
+                 task: str, num_classes: int | None, num_dims: int, num_data: int,
+                 objective: str = "elbo", whiten: bool = True, orthogonal_q: str = "full",
+                 jitter: float | None = None, num_quadrature: int = 20,
+                 num_likelihood_samples: int = 32, seed: int = 0,
+                 options: dict[str, Any] | None = None):
+        super().__init__(task=task, num_classes=num_classes, options=options)
+        _check_choice("objective", objective, OBJECTIVES)
+        _check_choice("orthogonal_q", orthogonal_q, ORTHOGONAL_Q)
+        if objective == "collapsed":
+            if task != "regression":
+                raise ValueError("objective='collapsed' needs the Gaussian likelihood "
+                                 "(task='regression'); use objective='elbo' for classification")
+            self.minibatch = False  # the collapsed bound is not a sum over data points
+            self.needs_data_for_prediction = True  # q*(u), q*(v⊥) are computed from the data
+        self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
+        self.num_dims, self.num_data, self.seed = num_dims, num_data, seed
+        self.objective, self.whiten, self.orthogonal_q = objective, whiten, orthogonal_q
+        self.jitter, self.num_quadrature = jitter, num_quadrature
+        self.num_likelihood_samples = num_likelihood_samples
+        num_latents, M, _ = inducing_points.shape
+        M2 = orthogonal_points.shape[1]
+        self.inducing_points = nn.Parameter(inducing_points)
+        self.orthogonal_points = nn.Parameter(orthogonal_points)
+        like = inducing_points
+        self.q_mean_u = nn.Parameter(like.new_zeros(num_latents, M))
+        self.q_chol_u = nn.Parameter(batch_eye(num_latents, M, like))
+        self.q_mean_v = nn.Parameter(like.new_zeros(num_latents, M2))
+        self.q_chol_v = (nn.Parameter(batch_eye(num_latents, M2, like)) if orthogonal_q == "full"
+                         else None)
+
+    # -- Alg. 1 ---------------------------------------------------------------------------------
+    def factors(self) -> InducingFactors:
+        """Alg. 1 lines 1–2: L_u⁰, A = L_u⁰ \\ K_uv, L_v⁰ = chol(K_vv − AᵀA), in float64."""
+        z, o = self.inducing_points, self.orthogonal_points
+        jitter = self._jitter()
+        K_uu = upcast(kernel_matrix(self.kernel, z, z))  # (L, M, M)
+        chol_uu = safe_cholesky(add_jitter(K_uu, jitter), name="SOLVE-GP K_uu")
+        A = tri_solve(chol_uu, upcast(_kernel(self.kernel, z, o)))  # (L, M, M2)
+        C_vv = upcast(_kernel(self.kernel, o, o)) - A.mT @ A  # (L, M2, M2)
+        C_vv = 0.5 * (C_vv + C_vv.mT)
+        chol_vv = safe_cholesky(
+            add_jitter(C_vv, jitter),
+            name="SOLVE-GP residual covariance C_vv (orthogonal points too close to Z or to "
+                 "each other; raise jitter or use fewer orthogonal points)")
+        return InducingFactors(chol_uu, A, chol_vv)
+
+    def projections(self, factors: InducingFactors, x: Tensor) -> Projections:
+        """Alg. 1 lines 3–4 at ``x`` (b, d): B = L_u⁰ \\ K_uf, D = L_v⁰ \\ (K_vf − AᵀB), k(x, x)."""
+        xb = x.expand(self.inducing_points.shape[0], *x.shape)  # (L, b, d), no copy
+        w = torch.cat([self.inducing_points, self.orthogonal_points], -2)  # (L, M + M2, d)
+        K_uf, K_vf = upcast(kernel_matrix(self.kernel, w, xb)).split(
+            [self.inducing_points.shape[-2], self.orthogonal_points.shape[-2]], -2)
+        B = tri_solve(factors.chol_uu, K_uf)  # (L, M, b)
+        D = tri_solve(factors.chol_vv, K_vf - factors.A.mT @ B)  # (L, M2, b)
+        return Projections(torch.cat([B, D], -2).to(x.dtype), kernel_diag(self.kernel, xb),
+                           B.shape[-2])
+
+    def variational(self, factors: InducingFactors) -> WhitenedQ:
+        """The module's q(u), q(v⊥) in whitened coordinates (float64).
+
+        Unwhitened parameters (m, L) map to a = L⁰⁻¹m, P = L⁰⁻¹L (Alg. 1 line 9).
+        """
+        m_u, L_u = upcast(self.q_mean_u), torch.tril(upcast(self.q_chol_u))
+        m_v = upcast(self.q_mean_v)
+        L_v = (torch.tril(upcast(self.q_chol_v)) if self.q_chol_v is not None
+               else batch_eye(m_v.shape[0], m_v.shape[1], m_v))
+        if not self.whiten:
+            m_u = tri_solve(factors.chol_uu, m_u[..., None])[..., 0]
+            L_u = tri_solve(factors.chol_uu, L_u)
+            m_v = tri_solve(factors.chol_vv, m_v[..., None])[..., 0]
+            if self.q_chol_v is not None:  # else 'mean' (ODVGP): S_v = C_vv, whitened L_v = I
+                L_v = tri_solve(factors.chol_vv, L_v)
+        return WhitenedQ(m_u, L_u, m_v, L_v)
+
+    def marginals(self, q: WhitenedQ, proj: Projections) -> tuple[Tensor, Tensor]:
+        """Alg. 1 lines 5–7 (Eqs. 33–34): μ(x) = μ₀ + Bᵀa_u + Dᵀa_v and
+        σ²(x) = k(x, x) + ‖P_uᵀB‖² − ‖B‖² + ‖P_vᵀD‖² − ‖D‖² (column sums), each (L, b)."""
+        B, D = proj.B, proj.D
+        dt = B.dtype
+        a = torch.cat([q.mean_u, q.mean_v], -1).to(dt)  # (L, M + M2)
+        mean = (a[..., None, :] @ proj.BD)[..., 0, :]  # Bᵀa_u + Dᵀa_v
+        F = q.chol_u.to(dt).mT @ B  # (L, M, b)
+        H = q.chol_v.to(dt).mT @ D  # (L, M2, b)
+        var = (proj.prior_var + F.square().sum(-2) + H.square().sum(-2)
+               - proj.BD.square().sum(-2))
+        return mean + self.mean.constant.reshape(-1, 1), var.clamp_min(0.0)
+
+    # -- Method contract --------------------------------------------------------------------------
+    def condition(self, x: Tensor, y: Tensor) -> SolveGPState:
+        """The validated batch, the inducing factors and q (the optimal q for ``collapsed``)."""
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y, task=self.task, num_classes=self.num_classes)
+        y = y.long() if self._softmax else y.to(x.dtype)
+        factors = self.factors()
+        if self.objective == "elbo":
+            return SolveGPState(x, y, factors, self.variational(factors))
+        proj = self.projections(factors, x)
+        r = y - self.mean.constant.reshape(())
+        mean_v, chol_v = optimal_q_v(proj, r, self.noise)
+        mean_u, chol_u = optimal_q_u(proj, r, self.noise, mean_v)
+        q = WhitenedQ(mean_u, chol_u, mean_v, chol_v)
+        return SolveGPState(x, y, factors, q, collapsed_bound(proj, r, self.noise, mean_v, chol_v))
+
+    def expected_log_lik(self, state: SolveGPState,
+                         generator: torch.Generator | None = None) -> Tensor:
+        """Batch mean of E_{N(μ_n, σ_n²)}[log p(y_n | f_n)] (Alg. 1 line 8)."""
+        mean, var = self.marginals(state.q, self.projections(state.factors, state.x))
+        return self._ell(mean, var, state.y, generator).mean()
+
+    def kl(self, state: SolveGPState) -> Tensor:
+        """(KL_u + KL_v)/N, Eqs. (35)–(36) by Alg. 1 line 9, summed over latent GPs (float64)."""
+        q = state.q
+        return (kl_whitened(q.mean_u, q.chol_u) + kl_whitened(q.mean_v, q.chol_v)).sum() \
+            / self.num_data
+
+    def loss(self, state: SolveGPState, generator: torch.Generator | None = None) -> Tensor:
+        """``elbo``: kl − expected_log_lik (−Eq. 8 / N, unbiased on minibatches);
+        ``collapsed``: −Eq. (30) / n on the full data."""
+        if self.objective == "elbo":
+            return self.kl(state).to(state.x.dtype) - self.expected_log_lik(state, generator)
+        n = state.x.shape[0]
+        if n != self.num_data:
+            raise ValueError(f"objective='collapsed' is a full-batch bound over the {self.num_data}"
+                             f" training points, got a batch of {n}: train with a batch size of"
+                             " at least n (full batch) or use objective='elbo'")
+        return (-state.bound / n).to(state.x.dtype)
+
+    def predict(self, state: SolveGPState | None, x_test: Tensor,
+                chunk_size: int = 4096) -> Predictive:
+        """Marginal predictive at ``x_test`` (t, d), Eqs. (37)–(38); ``state`` may be ``None``
+        for ``elbo`` (the module's q is used)."""
+        check_x(x_test, num_dims=self.num_dims, name="x_test")
+        if state is None:
+            if self.objective == "collapsed":
+                raise ValueError("objective='collapsed' predicts from condition(x_train, y_train)"
+                                 "; pass that state")
+            factors = self.factors()
+            q = self.variational(factors)
+        else:
+            factors, q = state.factors, state.q
+        generator = torch.Generator(device=x_test.device).manual_seed(self.seed)
+
+        def chunk(xc: Tensor) -> Predictive:
+            mean, var = self.marginals(q, self.projections(factors, xc))
+            return self._predictive(mean, var, generator)
+
+        return predict_in_chunks(chunk, x_test, chunk_size)
+
+    def reset_variational(self) -> None:
+        """Set q(u), q(v⊥) to the prior: m = 0, L = I (whitened) or L⁰ (unwhitened)."""
+        with torch.no_grad():
+            self.q_mean_u.zero_()
+            self.q_mean_v.zero_()
+            chols = [self.q_chol_u] + ([self.q_chol_v] if self.q_chol_v is not None else [])
+            if self.whiten:
+                for p in chols:
+                    p.copy_(batch_eye(p.shape[0], p.shape[1], p))
+            else:
+                factors = self.factors()
+                # zip stops early when q_chol_v is absent (orthogonal_q='mean')
+                for p, L0 in zip(chols, (factors.chol_uu, factors.chol_vv), strict=False):
+                    p.copy_(L0)
+
+    # -- helpers ----------------------------------------------------------------------------------
+    @property
+    def noise(self) -> Tensor:
+        """σ² (scalar) of the Gaussian likelihood."""
+        return self.likelihood.noise.reshape(())
+
+    @property
+    def _softmax(self) -> bool:
+        return isinstance(self.likelihood, Softmax)
+
+    def _jitter(self) -> float:
+        if self.jitter is not None:
+            return float(self.jitter)
+        return DEFAULT_JITTER.get(self.inducing_points.dtype, DEFAULT_JITTER[torch.float32])
+
+    def _ell(self, mean: Tensor, var: Tensor, y: Tensor,
+             generator: torch.Generator | None) -> Tensor:
+        """E_{N(mean, var)}[log p(y | f)] per data point (b,); mean, var (L, b)."""
+        if self.task == "regression":  # closed form (notes §2.5)
+            noise = self.noise
+            return (-0.5 * torch.log(2 * math.pi * noise)
+                    - 0.5 * ((y - mean[0]).square() + var[0]) / noise)
+        if not self._softmax:
+            lik = self.likelihood
+            return gauss_hermite(
+                lambda f: lik.log_prob(f.reshape(1, -1), y.repeat_interleave(f.shape[-1]))
+                .reshape(f.shape), mean[0], var[0], self.num_quadrature)
+        f = self._draw(mean, var, generator)  # (S, C, b)
+        S, C, b = f.shape
+        logp = self.likelihood.log_prob(f.permute(1, 0, 2).reshape(C, S * b), y.repeat(S))
+        return logp.reshape(S, b).mean(0)
+
+    def _draw(self, mean: Tensor, var: Tensor, generator: torch.Generator | None) -> Tensor:
+        """``num_likelihood_samples`` draws of the independent marginals, (S, L, b)."""
+        eps = torch.randn((self.num_likelihood_samples, *mean.shape), generator=generator,
+                          device=mean.device, dtype=mean.dtype)
+        return mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps
+
+    def _predictive(self, mean: Tensor, var: Tensor, generator: torch.Generator) -> Predictive:
+        if self.task == "regression":
+            return Predictive(mean[0], var[0], noise=self.noise)
+        if not self._softmax:
+            p1 = gauss_hermite(torch.sigmoid, mean[0], var[0], self.num_quadrature)
+            return Predictive(mean[0], var[0], probs=torch.stack([1 - p1, p1], -1))
+        probs = torch.softmax(self._draw(mean, var, generator), 1).mean(0)  # (C, t)
+        return Predictive(mean.mT, var.mT, probs=probs.mT)
+
+
+def _kernel(kernel: gpytorch.kernels.Kernel, x1: Tensor, x2: Tensor) -> Tensor:
+    """K(x1, x2); an empty block without calling the kernel when M2 = 0 (GPyTorch's Matérn
+    centres inputs by the mean of x1, which is NaN for an empty x1 and poisons gradients)."""
+    if x1.shape[-2] == 0 or x2.shape[-2] == 0:
+        return x1.new_zeros(*torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]),
+                            x1.shape[-2], x2.shape[-2])
+    return kernel_matrix(kernel, x1, x2)
+
+
+def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+
+
+def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
+                  init: tuple[Tensor, Tensor] | None = None, num_inducing: int = 256,
+                  num_orthogonal: int = 256, objective: str = "elbo", whiten: bool = True,
+                  orthogonal_q: str = "full", seed: int = 0, kmeans_max_points: int = 10_000,
+                  num_data: int | None = None, jitter: float | None = None,
+                  num_quadrature: int = 20, num_likelihood_samples: int = 32,
+                  **prior: Any) -> SolveGP:
+    """Factory of ``solvegp`` (see :mod:`gpscale.methods.registry`).
+
+    Args:
+        num_dims: input dimension d.
+        task: ``"regression"`` or ``"classification"``.
+        num_classes: C; inferred from ``init`` labels (max + 1, at least 2) when ``None``.
+        init: ``(x, y)``: k-means inducing points, N = len(y), data-dependent prior defaults;
+            ``None`` allocates placeholders to be overwritten by ``load_state_dict``.
+        num_inducing: M, standard inducing points (per latent GP).
+        num_orthogonal: M2, orthogonal inducing points (0: SVGP).
+        objective: ``'elbo'`` (minibatch, any likelihood) or ``'collapsed'`` (full batch,
+            regression; train with a batch size ≥ n).
+        whiten: whitened (default) or unwhitened q(u), q(v⊥).
+        orthogonal_q: ``'full'`` (SOLVE-GP) or ``'mean'`` (S_v = C_vv, ODVGP).
+        seed: seeds k-means, its subsample, the Z/O split and the softmax probabilities.
+        kmeans_max_points: k-means runs on at most this many (randomly chosen) rows of x.
+        num_data: N; required when ``init`` is ``None``.
+        jitter: added to K_uu and C_vv (``None``: 1e-4 in float32, 1e-6 in float64).
+        num_quadrature: Gauss–Hermite nodes for the binary likelihood.
+        num_likelihood_samples: Monte Carlo draws for the softmax likelihood.
+        **prior: ``kernel`` (default matern32), ``ard``, ``lengthscale``, ``outputscale``,
+            ``noise`` (regression), ``mean_constant``
+            (:func:`~gpscale.methods._common.prior_options`).
+
+    Raises:
+        ValueError: unsupported task or objective, invalid ``init``, fewer points than
+            M + M2, invalid counts, missing ``num_data`` or ``num_classes``.
+    """
+    check_task_and_init("solvegp", task, TASKS, num_dims, init, num_classes)
+    _check_choice("objective", objective, OBJECTIVES)
+    _check_choice("orthogonal_q", orthogonal_q, ORTHOGONAL_Q)
+    for name, value, low in (("num_inducing", num_inducing, 1),
+                             ("num_orthogonal", num_orthogonal, 0),
+                             ("num_quadrature", num_quadrature, 1),
+                             ("num_likelihood_samples", num_likelihood_samples, 1)):
+        if int(value) != value or value < low:
+            raise ValueError(f"{name} must be an integer ≥ {low}; got {value}")
+    if jitter is not None and jitter < 0:
+        raise ValueError(f"jitter must be ≥ 0; got {jitter}")
+    total = num_inducing + num_orthogonal
+    if kmeans_max_points < total:
+        raise ValueError(f"kmeans_max_points ({kmeans_max_points}) must be at least "
+                         f"num_inducing + num_orthogonal ({total})")
+    if init is not None:
+        check_num_points(init[0].shape[0], total, "inducing points (num_inducing + "
+                         "num_orthogonal)")
+    num_classes = resolve_num_classes(task, num_classes, init)
+    if num_data is None and init is None:
+        raise ValueError("solvegp needs num_data (the training-set size) when init is None")
+    num_data = int(init[0].shape[0] if num_data is None else num_data)
+    if num_data < 1:
+        raise ValueError(f"num_data must be positive; got {num_data}")
+    opts = prior_options(init, task, num_dims, **prior)
+    num_latents = num_classes if num_classes is not None and num_classes > 2 else 1
+    batch_shape = torch.Size([num_latents]) if num_latents > 1 else torch.Size()
+    mean, kernel = prior_modules(num_dims, opts, batch_shape=batch_shape)
+    if init is None:
+        z, o = torch.zeros(num_inducing, num_dims), torch.zeros(num_orthogonal, num_dims)
+    else:
+        z, o = initial_points(init[0], num_inducing, num_orthogonal, seed=seed,
+                              max_points=kmeans_max_points)
+    z = z.expand(num_latents, *z.shape).clone()  # the same start for every latent GP
+    o = o.expand(num_latents, *o.shape).clone()
+    if task == "regression":
+        likelihood = gaussian_likelihood(opts["noise"])
+    else:
+        del opts["noise"]
+        likelihood = Bernoulli() if num_latents == 1 else Softmax(num_classes=num_classes)
+    options = {"num_inducing": int(num_inducing), "num_orthogonal": int(num_orthogonal),
+               "objective": objective, "whiten": bool(whiten), "orthogonal_q": orthogonal_q,
+               "seed": int(seed), "kmeans_max_points": int(kmeans_max_points),
+               "num_data": num_data, "jitter": jitter, "num_quadrature": int(num_quadrature),
+               "num_likelihood_samples": int(num_likelihood_samples), **opts}
+    model = SolveGP(mean, kernel, likelihood, z, o, task=task, num_classes=num_classes,
+                    num_dims=num_dims, num_data=num_data, objective=objective, whiten=whiten,
+                    orthogonal_q=orthogonal_q, jitter=jitter, num_quadrature=num_quadrature,
+                    num_likelihood_samples=num_likelihood_samples, seed=seed, options=options)
+    model = follow_init(model, init)
+    if init is not None:
+        model.reset_variational()
+    return model
+
+
+register(MethodSpec(
+    key="solvegp",
+    factory=build_solvegp,
+    tasks=TASKS,
+    summary="SOLVE-GP: M standard + M2 orthogonal inducing points, minibatch ELBO (or collapsed)",
+    # As the svgp baseline; the paper (App. G): Adam, lr 0.01, batch 1024 (100 epochs).
+    fit_defaults={"optimizer": "adam", "lr": 0.01, "epochs": 50, "batch_size": 1024,
+                  "dtype": "float32"},
+))
