@@ -15,7 +15,11 @@ in-process for ``quick``); ``counted_memory`` the paper's count, nnz(W) + m + n 
 nnz(WᵀW) + 2m (GGP). ggp rows carry ``time_ratio`` and ``memory_ratio`` = ggp/ski (< 1: GGP better),
 the form of the paper's Table 1. ``wtw_format`` rows time one WᵀW product as the stencil and as
 torch CSR. The full run adds a preprocessing-throughput row for n = 10⁸ on the 3-D field (GGP only).
-Not included yet: the GPyTorch KISS-GP peer.
+
+The GPyTorch KISS-GP peer (``GridInterpolationKernel`` over the same RBF and grid size, n ≤ 10⁶):
+``time_per_iter_s`` is one product with its W K_G Wᵀ + σ²I operator (the work of one CG
+iteration); ``mean_smae`` is the test mean absolute error over mean |y_test| (notes/002 §8) of
+GPyTorch's predictive mean next to ``ggp``'s on the same points (both CG to rtol 1e-3).
 """
 
 from __future__ import annotations
@@ -44,8 +48,15 @@ ITERS = 20
 FULL = {"sine": ((4096,), (10**4, 10**5, 10**6, 10**7)),
         "field3d": ((37, 37, 37), (10**4, 10**5, 10**6, 10**7))}
 QUICK = {"sine": ((256,), (10**4, 10**5)), "field3d": ((10, 10, 10), (10**4, 10**5))}
+KISS_MAX_N = 10**6
+# GPyTorch's predictive mean runs CG over all n with its interpolated operator; on the 3-D field a
+# product costs seconds at n = 10⁶, so its SMAE is measured up to 10⁵ there (time up to 10⁶).
+KISS_SMAE_MAX_N = {"sine": 10**6, "field3d": 10**5}
+NUM_TEST = 1000
+HYPERS = {"lengthscale": 0.2, "outputscale": 1.0, "noise": 0.01}
 COLUMNS = ("dataset", "method", "n", "d", "m", "preprocess_s", "time_per_iter_s",
-           "solver_peak_mb", "counted_memory", "time_ratio", "memory_ratio", "wtw_format")
+           "solver_peak_mb", "counted_memory", "time_ratio", "memory_ratio", "mean_smae",
+           "wtw_format")
 _F64 = torch.float64
 
 
@@ -104,6 +115,77 @@ def measure(method: str, dataset: str, n: int, sizes: tuple[int, ...], iters: in
     return {"dataset": dataset, "method": method, "n": n, "d": d, "m": m, "preprocess_s": prep,
             "time_per_iter_s": elapsed / max(done, 1), "solver_peak_mb": peak,
             "counted_memory": counted}
+
+
+def _test_points(dataset: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if dataset == "sine":
+        data = noisy_sine(num_train=1, num_test=NUM_TEST, seed=1)
+        return data.x_test, data.y_test
+    return FieldStream(n=NUM_TEST, num_dims=3, chunk_size=NUM_TEST, seed=1).chunk(0)
+
+
+def _smae(mean: torch.Tensor, y: torch.Tensor) -> float:
+    return float((mean - y).abs().mean() / y.abs().mean())
+
+
+def kissgp_pair(dataset: str, n: int, sizes: tuple[int, ...], repeats: int = 5
+                ) -> list[dict[str, Any]]:
+    """GPyTorch KISS-GP's per-iteration (one operator product) time and mean SMAE, and the SMAE
+    of ``ggp``'s mean on the same data, grid size and hyperparameters."""
+    import gpytorch
+
+    from gpscale.methods.registry import build
+
+    torch.set_num_threads(1)
+    d = len(sizes)
+    x, y = _in_memory(_data(dataset, n))
+    x_test, y_test = _test_points(dataset)
+
+    class KissGP(gpytorch.models.ExactGP):
+        def __init__(self, likelihood):
+            super().__init__(x, y, likelihood)
+            self.mean_module = gpytorch.means.ZeroMean()
+            base = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+            self.covar_module = gpytorch.kernels.GridInterpolationKernel(
+                base, grid_size=list(sizes), num_dims=d, grid_bounds=[(0.0, 1.0)] * d)
+
+        def forward(self, z):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(z),
+                                                             self.covar_module(z))
+
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = KissGP(likelihood).double()
+    likelihood.noise = HYPERS["noise"]
+    model.covar_module.base_kernel.outputscale = HYPERS["outputscale"]
+    model.covar_module.base_kernel.base_kernel.lengthscale = HYPERS["lengthscale"]
+    model.eval()
+    with torch.no_grad():
+        tic = time.perf_counter()
+        op = model.covar_module(x).add_diagonal(torch.tensor(HYPERS["noise"], dtype=_F64))
+        v = torch.randn(n, 1, dtype=_F64)
+        op.matmul(v)  # builds the interpolation indices and K_G
+        prep = time.perf_counter() - tic
+        tic = time.perf_counter()
+        for _ in range(repeats):
+            op.matmul(v)
+        per_iter = (time.perf_counter() - tic) / repeats
+        if n > KISS_SMAE_MAX_N[dataset]:
+            kiss_smae = None
+        else:  # no pivoted-Cholesky preconditioner: its column extraction dominated (88 of 130 s)
+            with gpytorch.settings.cg_tolerance(1e-3), gpytorch.settings.max_cg_iterations(1000), \
+                    gpytorch.settings.max_preconditioner_size(0), \
+                    gpytorch.settings.skip_posterior_variances(True), \
+                    gpytorch.settings.fast_computations(True, True, True):
+                kiss_smae = _smae(likelihood(model(x_test.double())).mean, y_test)
+        ggp = build("ggp", d, init=(x, y), grid_size=list(sizes),
+                    grid_bounds=([0.0] * d, [1.0] * d), rtol=1e-3, num_probes=0,
+                    mean_constant=0.0, **HYPERS)
+        ggp_mean = ggp.predict(ggp.condition(x, y), x_test.double()).mean
+    m = int(torch.tensor(sizes).prod())
+    common = {"dataset": dataset, "n": n, "d": d, "m": m}
+    return [{**common, "method": "kissgp (gpytorch)", "preprocess_s": prep,
+             "time_per_iter_s": per_iter, "mean_smae": kiss_smae},
+            {**common, "method": "ggp", "mean_smae": _smae(ggp_mean, y_test)}]
 
 
 def wtw_formats(dataset: str, n: int, sizes: tuple[int, ...], repeats: int = 5
@@ -166,6 +248,9 @@ def run(out_dir: Path, *, quick: bool = False,
             g["time_ratio"] = g["time_per_iter_s"] / s["time_per_iter_s"]
             g["memory_ratio"] = g["counted_memory"] / s["counted_memory"]
             rows += [s, g]
+            if n <= KISS_MAX_N and not (quick and (dataset != "sine" or n > 10**4)):
+                log.info("ski suite: GPyTorch KISS-GP on %s, n = %d", dataset, n)
+                rows += kissgp_pair(dataset, n, sizes)
         rows += wtw_formats(dataset, ns[-1] if quick else 10**6, sizes)
     if not quick and "field3d" in datasets:
         rows.append(preprocessing_throughput())
