@@ -12,8 +12,14 @@ from torch.func import functional_call
 import gpscale.methods.solvegp  # noqa: F401  (registers the key)
 from gpscale.estimators import GPClassifier, GPRegressor
 from gpscale.io import load, save
-from gpscale.kernels import kernel_matrix
+from gpscale.kernels import kernel_matrix, make_kernel
 from gpscale.methods import build, get_spec
+from gpscale.methods._solvegp_parts import (
+    cholesky_and_inverse,
+    gram,
+    kernel_matrix_fused,
+    mean_and_quadratic,
+)
 from gpscale.methods.solvegp import (
     build_solvegp,
     collapsed_bound,
@@ -477,6 +483,114 @@ def test_loss_gradcheck():
 
     inputs = tuple(params[n].detach().clone().requires_grad_(True) for n in names)
     assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_hyperparameter_gradcheck():
+    """Gradients w.r.t. the kernel hyperparameters, prior mean and noise (through the fused
+    kernel and the Cholesky/inverse backward) match finite differences."""
+    x, y = _data(n=10)
+    wrapper = _Loss(_randomise_q(_model(x, y, M=3, M2=3, jitter=1e-6)))
+    covered = {"inducing_points", "orthogonal_points", "q_mean_u", "q_chol_u", "q_mean_v",
+               "q_chol_v"}
+    params = {n: p for n, p in wrapper.model.named_parameters() if n not in covered}
+    assert any("lengthscale" in n for n in params) and any("outputscale" in n for n in params)
+    names = tuple(params)
+
+    def loss(*values):
+        swapped = {f"model.{n}": v for n, v in zip(names, values, strict=True)}
+        return functional_call(wrapper, swapped, (x, y), strict=False)
+
+    inputs = tuple(params[n].detach().clone().requires_grad_(True) for n in names)
+    assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "matern32", "matern52", "matern12"])
+@pytest.mark.parametrize("latents", [1, 3])
+def test_fused_kernel_matrix_matches_gpytorch(kernel, latents):
+    """kernel_matrix_fused = GPyTorch's K(x1, x2), values and gradients w.r.t. both inputs,
+    the ARD lengthscales and the outputscale (Matérn-½ falls back to GPyTorch)."""
+    g = torch.Generator().manual_seed(3)
+    batch = torch.Size([latents]) if latents > 1 else torch.Size()
+    k = make_kernel(kernel, 3, ard=True, batch_shape=batch).double()
+    with torch.no_grad():
+        k.base_kernel.lengthscale = torch.rand(*batch, 1, 3, generator=g, dtype=torch.float64) + .5
+        k.outputscale = torch.rand(batch, generator=g, dtype=torch.float64) + 0.5
+    x1 = torch.randn(latents, 7, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    x2 = torch.randn(latents, 9, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(latents, 7, 9, generator=g, dtype=torch.float64)
+    leaves = [x1, x2, k.raw_outputscale, k.base_kernel.raw_lengthscale]
+    results = []
+    for fn in (kernel_matrix, kernel_matrix_fused):
+        K = fn(k, x1, x2)
+        results.append((K, torch.autograd.grad((K * weights).sum(), leaves)))
+    (K_ref, grads_ref), (K_fused, grads_fused) = results
+    torch.testing.assert_close(K_fused, K_ref, rtol=1e-12, atol=1e-12)
+    for ours, theirs in zip(grads_fused, grads_ref, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-11)
+    with torch.no_grad():  # at coincident points: k(x, x) = outputscale, finite gradients
+        K_self = kernel_matrix_fused(k, x1, x1)
+    torch.testing.assert_close(K_self.diagonal(dim1=-2, dim2=-1),
+                               k.outputscale.reshape(-1, 1).expand(latents, 7))
+
+
+def test_cholesky_and_inverse_and_their_gradients():
+    """(L, L⁻¹) and the hand-written backward equal torch's cholesky + inverse under autograd."""
+    g = torch.Generator().manual_seed(4)
+    R = torch.randn(2, 6, 6, generator=g, dtype=torch.float64)
+    K0 = R @ R.mT + 6 * torch.eye(6, dtype=torch.float64)
+    G1, G2 = torch.randn(2, 2, 6, 6, generator=g, dtype=torch.float64)
+    results = []
+    for fn in (lambda K: cholesky_and_inverse(K),
+               lambda K: (torch.linalg.cholesky(K), torch.linalg.inv(torch.linalg.cholesky(K)))):
+        K = K0.clone().requires_grad_(True)
+        L, L_inv = fn(K)
+        results.append((L, L_inv, *torch.autograd.grad((G1 * L).sum() + (G2 * L_inv).sum(), K)))
+        K = K0.clone().requires_grad_(True)  # one output only (the other gradient is None)
+        results[-1] += torch.autograd.grad((G2 * fn(K)[1]).sum(), K)
+    for ours, theirs in zip(*results, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+def test_gram_and_quadratic_forms_gradcheck():
+    """gram(X) = XXᵀ and mean_and_quadratic(a, S, X) = (aᵀX, colsum(X ⊙ SX)): values, and
+    their symmetry-based backward against finite differences (S = R + Rᵀ)."""
+    g = torch.Generator().manual_seed(5)
+    a, R, X = (torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+               for shape in ((2, 4), (2, 4, 4), (2, 4, 5)))
+    S = R + R.mT
+    mean, quad = mean_and_quadratic(a, S, X)
+    torch.testing.assert_close(mean, torch.einsum("lk,lkb->lb", a, X))
+    torch.testing.assert_close(quad, torch.einsum("lkb,lkj,ljb->lb", X, S, X))
+    torch.testing.assert_close(gram(X), X @ X.mT)
+    assert torch.autograd.gradcheck(lambda a, R, X: mean_and_quadratic(a, R + R.mT, X),
+                                    (a, R, X))
+    assert torch.autograd.gradcheck(lambda a, R, X: mean_and_quadratic(a, R + R.mT, X)[1],
+                                    (a, R, X))
+    assert torch.autograd.gradcheck(lambda a, X: mean_and_quadratic(a, S.detach(), X)[0], (a, X))
+    assert torch.autograd.gradcheck(gram, (X,))
+
+
+def test_float32_loss_and_gradients_match_float64():
+    """The float32 path (inverse factors cast to float32, batch products in float32) gives the
+    float64 loss, gradients and predictive to float32 accuracy on a 300-point batch."""
+    x, y = _data(n=300)
+    results = []
+    for dtype in (torch.float64, torch.float32):
+        model = _randomise_q(build_solvegp(D, init=(x.to(dtype), y.to(dtype)), num_inducing=20,
+                                           num_orthogonal=20, jitter=1e-4, **HYPER))
+        loss = model.loss(model.condition(x.to(dtype), y.to(dtype)))
+        loss.backward()
+        with torch.no_grad():
+            pred = model.predict(None, x[:50].to(dtype))
+        grads = {n: p.grad.double() for n, p in model.named_parameters()}
+        results.append((loss.double(), grads, pred.mean.double(), pred.variance.double()))
+    (l64, g64, m64, v64), (l32, g32, m32, v32) = results
+    torch.testing.assert_close(l32, l64, rtol=1e-4, atol=1e-5)
+    for name, grad in g64.items():
+        err = (g32[name] - grad).norm() / grad.norm().clamp_min(1e-3)
+        assert err < 1e-2, (name, float(err))
+    torch.testing.assert_close(m32, m64, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(v32, v64, rtol=1e-3, atol=1e-4)
 
 
 # -- likelihoods -----------------------------------------------------------------------------------

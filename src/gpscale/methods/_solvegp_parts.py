@@ -17,13 +17,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpscale.kernels import kernel_hyperparameters, kernel_matrix
 from gpscale.linalg.ops import safe_cholesky, upcast
 from gpscale.methods._common import kmeans_points
 
 __all__ = [
-    "InducingFactors", "Projections", "VARIANCE_FLOOR", "WhitenedQ", "collapsed_bound",
-    "batch_eye", "gauss_hermite", "initial_points", "kl_whitened", "optimal_q_u", "optimal_q_v",
-    "tri_solve",
+    "FUSED_PROFILES", "InducingFactors", "Projections", "VARIANCE_FLOOR", "WhitenedQ",
+    "batch_eye", "cholesky_and_inverse", "collapsed_bound", "gauss_hermite", "gram",
+    "initial_points", "kernel_matrix_fused", "kl_whitened", "mean_and_quadratic", "optimal_q_u",
+    "optimal_q_v", "tri_inverse", "tri_solve",
 ]
 
 VARIANCE_FLOOR = 1e-10
@@ -33,17 +35,22 @@ variance clamped to 0 never meets the infinite derivative of √· at 0."""
 
 @dataclass(frozen=True)
 class InducingFactors:
-    """Alg. 1 lines 1–2, float64.
+    """Alg. 1 lines 1–2, float64, plus the inverse factors that turn the batch-sized triangular
+    solves of lines 4–5 into matrix products.
 
     Attributes:
         chol_uu: L_u⁰ = chol(K_uu + jitter I) (L, M, M).
         A: L_u⁰ \\ K_uv (L, M, M2).
         chol_vv: L_v⁰ = chol(C_vv + jitter I), C_vv = K_vv − AᵀA (L, M2, M2).
+        inv_uu: (L_u⁰)⁻¹ (L, M, M), lower triangular.
+        inv_vv: (L_v⁰)⁻¹ (L, M2, M2), lower triangular.
     """
 
     chol_uu: Tensor
     A: Tensor
     chol_vv: Tensor
+    inv_uu: Tensor
+    inv_vv: Tensor
 
 
 @dataclass(frozen=True)
@@ -63,27 +70,22 @@ class WhitenedQ:
 
 @dataclass(frozen=True)
 class Projections:
-    """Alg. 1 lines 3–4 at inputs x (data dtype).
+    """Alg. 1 lines 3–4 at inputs x (in the dtype they were computed in, the data's by default).
 
     Attributes:
-        BD: [B; D] (L, M + M2, b) with B = L_u⁰ \\ K_uf and D = L_v⁰ \\ (K_vf − AᵀB) = L_v⁰ \\ C_vf.
+        B: L_u⁰ \\ K_uf (L, M, b).
+        D: L_v⁰ \\ (K_vf − AᵀB) = L_v⁰ \\ C_vf (L, M2, b).
         prior_var: k(x, x) (L, b).
-        num_inducing: M.
     """
 
-    BD: Tensor
+    B: Tensor
+    D: Tensor
     prior_var: Tensor
-    num_inducing: int
 
     @property
-    def B(self) -> Tensor:
-        """L_u⁰ \\ K_uf (L, M, b)."""
-        return self.BD[:, :self.num_inducing]
-
-    @property
-    def D(self) -> Tensor:
-        """L_v⁰ \\ C_vf (L, M2, b)."""
-        return self.BD[:, self.num_inducing:]
+    def BD(self) -> Tensor:
+        """[B; D] (L, M + M2, b) (a copy)."""
+        return torch.cat([self.B, self.D], -2)
 
 
 # -- the collapsed bound (Gaussian regression, one latent GP) ------------------------------------
@@ -183,9 +185,187 @@ def _chol_lambda(B: Tensor, noise: Tensor) -> Tensor:
     return safe_cholesky(eye + B @ B.mT / noise, name="I + BBᵀ/σ²")
 
 
+# -- kernel matrices in one autograd node --------------------------------------------------------
+FUSED_PROFILES = {"rbf": 1.0, "matern32": math.sqrt(3.0), "matern52": math.sqrt(5.0)}
+"""Profiles with a fused kernel matrix, and the factor a that scales the inputs (r = a‖Δ/ℓ‖)."""
+
+
+class _StationaryMatrix(torch.autograd.Function):
+    """s φ(D²) for D²_ij = ‖z1_i − z2_j‖² (z already scaled by a/ℓ), with a hand-written backward.
+
+    Besides K only F = −2 ∂K/∂D² is kept: ∂z1 = −(diag(F̄ 1) z1 − F̄ z2), ∂z2 likewise, with
+    F̄ = Ḡ ⊙ F, and ∂s = ⟨Ḡ, K⟩/s. Eight elementwise passes forward and three backward, where
+    GPyTorch's traced Matérn needs about thirty.
+    """
+
+    @staticmethod
+    def forward(ctx, z1: Tensor, z2: Tensor, s: Tensor, profile: str) -> Tensor:
+        s = s[..., None, None]
+        D2 = torch.baddbmm(z1.square().sum(-1, keepdim=True), z1, z2.mT, alpha=-2)
+        D2 = D2.add_(z2.square().sum(-1)[..., None, :]).clamp_min_(0.0)
+        if profile == "rbf":  # K = s e^{−D²/2}, F = K
+            K = torch.exp(D2.mul_(-0.5)).mul_(s)
+            F = K
+        else:
+            r = D2.sqrt_()
+            se = torch.exp(r.neg()).mul_(s)  # s e^{−r}
+            if profile == "matern32":  # K = s (1 + r) e^{−r}, F = s e^{−r}
+                K, F = torch.addcmul(se, r, se), se
+            else:  # matern52: K = s (1 + r + r²/3) e^{−r}, F = s (1 + r) e^{−r} / 3
+                F = torch.addcmul(se, r, se)  # s (1 + r) e^{−r}
+                K = torch.addcmul(F, r.square_(), se, value=1 / 3)
+                F = F.div_(3.0)
+        ctx.save_for_backward(z1, z2, s, K, F)
+        return K
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
+        z1, z2, s, K, F = ctx.saved_tensors
+        grad_s = None
+        if ctx.needs_input_grad[2]:
+            grad_s = (grad * K).sum((-2, -1)) / s[..., 0, 0]
+        H = grad * F
+        grad_z1 = torch.baddbmm(H.sum(-1, keepdim=True) * z1, H, z2, alpha=-1).neg_()
+        grad_z2 = torch.baddbmm(H.sum(-2)[..., None] * z2, H.mT, z1, alpha=-1).neg_()
+        return grad_z1, grad_z2, grad_s, None
+
+
+def kernel_matrix_fused(kernel, x1: Tensor, x2: Tensor) -> Tensor:
+    """K(x1, x2) (..., n1, n2), as :func:`gpscale.kernels.kernel_matrix` but, for
+    ``[ScaleKernel](RBF | Matérn-3/2 | Matérn-5/2)`` on batched (B, n, d) inputs, one autograd
+    node (:data:`FUSED_PROFILES`); other kernels and shapes go through GPyTorch.
+
+    Distances use ‖z1‖² + ‖z2‖² − 2 z1ᵀz2 on inputs centred at the mean of x1 (as GPyTorch).
+    Cost O(n1 n2 d) in one matrix product plus O(n1 n2) elementwise, each way.
+    """
+    hp = kernel_hyperparameters(kernel)
+    if (hp is None or hp.profile not in FUSED_PROFILES or x1.dim() != 3 or x2.dim() != 3
+            or hp.lengthscale.shape[-1] not in (1, x1.shape[-1])):
+        return kernel_matrix(kernel, x1, x2)
+    shift = x1.detach().mean(-2, keepdim=True)  # distances are translation invariant
+    scale = FUSED_PROFILES[hp.profile] / hp.lengthscale  # (*batch, 1, d)
+    z1, z2 = (x1 - shift) * scale, (x2 - shift) * scale
+    batch = torch.broadcast_shapes(z1.shape[:-2], z2.shape[:-2], hp.outputscale.shape)
+    z1, z2 = (z.expand(*batch, *z.shape[-2:]) for z in (z1, z2))
+    return _StationaryMatrix.apply(z1, z2, hp.outputscale.expand(batch), hp.profile)
+
+
 def tri_solve(L: Tensor, X: Tensor) -> Tensor:
     """L⁻¹ X for lower-triangular L."""
     return torch.linalg.solve_triangular(L, X, upper=False)
+
+
+def tri_inverse(L: Tensor) -> Tensor:
+    """L⁻¹ (..., k, k) for lower-triangular L (..., k, k): one triangular solve, O(k³)."""
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device)
+    return torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False)
+
+
+class _MeanAndQuadratic(torch.autograd.Function):
+    """(aᵀX, colsum(X ⊙ S X)) for symmetric S, with the backward that uses the symmetry."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, S: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
+        Y = S @ X
+        ctx.save_for_backward(a, X, Y)
+        return (a[..., None, :] @ X)[..., 0, :], (X * Y).sum(-2)
+
+    @staticmethod
+    def backward(ctx, grad_mean: Tensor | None,
+                 grad_quad: Tensor | None) -> tuple[Tensor | None, ...]:
+        a, X, Y = ctx.saved_tensors
+        grad_a = grad_S = grad_X = None
+        if grad_quad is not None:
+            g = grad_quad[..., None, :]
+            if ctx.needs_input_grad[1]:
+                grad_S = (X * g) @ X.mT
+            if ctx.needs_input_grad[2]:
+                grad_X = Y * (2 * g)
+        if grad_mean is not None:
+            if ctx.needs_input_grad[0]:
+                grad_a = (X @ grad_mean[..., None])[..., 0]
+            if ctx.needs_input_grad[2]:
+                outer = a[..., :, None] * grad_mean[..., None, :]
+                grad_X = outer if grad_X is None else grad_X.add_(outer)
+        return grad_a, grad_S, grad_X
+
+
+def mean_and_quadratic(a: Tensor, S: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
+    """The linear forms aᵀx_j and the quadratic forms x_jᵀ S x_j of the columns of X.
+
+    S must be symmetric: the backward uses ∂/∂X = 2 (S X) ⊙ g + a ḡᵀ and ∂/∂S = X diag(g) Xᵀ,
+    so one product S X (O(k² b)) is the whole forward and X diag(g) Xᵀ the only O(k² b)
+    product of the backward; an autograd-traced ‖PᵀX‖² − ‖X‖² needs two in each pass.
+
+    Args:
+        a: (..., k).
+        S: (..., k, k) symmetric.
+        X: (..., k, b).
+
+    Returns:
+        aᵀX (..., b) and colsum(X ⊙ S X) (..., b).
+    """
+    return _MeanAndQuadratic.apply(a, S, X)
+
+
+class _Gram(torch.autograd.Function):
+    """X Xᵀ with the one-product backward (G + Gᵀ) X."""
+
+    @staticmethod
+    def forward(ctx, X: Tensor) -> Tensor:
+        ctx.save_for_backward(X)
+        return X @ X.mT
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (X,) = ctx.saved_tensors
+        return (grad + grad.mT) @ X
+
+
+def gram(X: Tensor) -> Tensor:
+    """X Xᵀ (..., k, k) for X (..., k, n): one O(k² n) product forward and one backward
+    (autograd's matmul would spend two on the backward)."""
+    return _Gram.apply(X)
+
+
+class _CholeskyAndInverse(torch.autograd.Function):
+    """(L, L⁻¹) for L = chol(K), differentiated through both outputs with products only."""
+
+    @staticmethod
+    def forward(ctx, K: Tensor, name: str) -> tuple[Tensor, Tensor]:
+        L = safe_cholesky(K, name=name)
+        L_inv = tri_inverse(L)
+        ctx.save_for_backward(L, L_inv)
+        return L, L_inv
+
+    @staticmethod
+    def backward(ctx, grad_L: Tensor | None, grad_inv: Tensor | None) -> tuple[Tensor, None]:
+        L, L_inv = ctx.saved_tensors
+        # dL⁻¹ = −L⁻¹ dL L⁻¹, so the total L̄ is grad_L − L⁻ᵀ grad_inv L⁻ᵀ, and Lᵀ L̄ (the
+        # Cholesky backward's first product) is Lᵀ grad_L − grad_inv L⁻ᵀ.
+        P = torch.zeros_like(L)
+        if grad_L is not None:
+            P = P + L.mT @ grad_L
+        if grad_inv is not None:
+            P = P - grad_inv @ L_inv.mT
+        P = P.tril()
+        P = 0.5 * (P + P.tril(-1).mT)  # Φ, symmetrised (as torch's cholesky_backward)
+        return L_inv.mT @ P @ L_inv, None
+
+
+def cholesky_and_inverse(K: Tensor, *, name: str = "matrix") -> tuple[Tensor, Tensor]:
+    """L = chol(K) (by :func:`~gpscale.linalg.ops.safe_cholesky`) and L⁻¹, both lower triangular.
+
+    The backward, K̄ = L⁻ᵀ Φ(Lᵀ L̄ − (L⁻¹)̄ L⁻ᵀ) L⁻¹ (Φ: lower triangle, halved diagonal,
+    symmetrised), uses the explicit inverse instead of the two triangular solves of
+    torch's Cholesky backward and the one of the inverse's. Cost O(k³) each way.
+
+    Args:
+        K: (..., k, k) symmetric positive definite (any jitter already added).
+        name: what K is, for safe_cholesky's warning and error.
+    """
+    return _CholeskyAndInverse.apply(K, name)
+
 
 
 def batch_eye(batch: int, k: int, like: Tensor) -> Tensor:

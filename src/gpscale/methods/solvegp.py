@@ -54,10 +54,20 @@ Initialisation: k-means with M + M2 centres on (a seeded subsample of) the input
 into Z (M) and O (M2), so that no o_i sits on a z_j (C_vv would be singular there, notes §5);
 q(u), q(v⊥) start at the prior (whitened: N(0, I); unwhitened: L_u = L_u⁰, L_v = L_v⁰).
 
-Numerics: K_uu, C_vv, their factors and the solves for B, D are float64 (as GPyTorch's in the
-``svgp`` baseline); B, D are cast to the data dtype for the O(b M²) products. ``jitter`` (1e-4 in
-float32, 1e-6 in float64 by default, as GPyTorch) is added to K_uu and C_vv; ``safe_cholesky``
-adds more, with a warning, if needed. σ²(x) is a difference of terms, clamped at 0 (notes §5).
+Numerics and speed (one minibatch step in float32; notes §2.11): K(Z ∪ O, Z ∪ O) is one kernel
+call, upcast to float64; K_uu, C_vv, their Cholesky factors, A and the inverse factors (L_u⁰)⁻¹,
+(L_v⁰)⁻¹ are float64 (:func:`cholesky_and_inverse`, whose backward needs products only). The
+batch-sized work is in the data dtype: K(x, Z ∪ O) is one kernel call (one fused autograd node for
+RBF / Matérn-3/2 / Matérn-5/2, :func:`kernel_matrix_fused`), and the two triangular solves of Alg.
+1 line 4 are products with the inverse factors cast to that dtype, B = (L_u⁰)⁻¹K_uf, D =
+(L_v⁰)⁻¹(K_vf − AᵀB), with rounding errors of order ε‖(L⁰)⁻¹‖‖k(·, x)‖ like a float32 triangular
+solve's. B and D stay whitened (‖b_j‖² + ‖d_j‖² ≤ k(x_j, x_j)); the variance is never formed from
+K_uu⁻¹-scaled terms (k_uᵀK_uu⁻¹(S − K_uu)K_uu⁻¹k_u), which would square that. The variance terms
+are the quadratic forms b_jᵀ(P_uP_uᵀ − I)b_j + d_jᵀ(P_vP_vᵀ − I)d_j (:func:`mean_and_quadratic`,
+one product forward and one backward per set). The collapsed objective computes B, D in float64.
+``jitter`` (1e-4 in float32, 1e-6 in float64 by default, as GPyTorch) is added to K_uu and C_vv;
+``safe_cholesky`` adds more, with a warning, if needed. σ²(x) is a difference of terms, clamped at
+0 (notes §5).
 
 Cost per step: O(b (M² + M M2 + M2²) + M³ + M2³ + M M2²) time, O(b (M + M2) + M² + M2²) memory,
 times L. Deviation: the paper trains with no prior mean; we learn a constant mean like the
@@ -75,9 +85,9 @@ import torch
 from torch import Tensor, nn
 
 from gpscale.distributions import Predictive
-from gpscale.kernels import kernel_diag, kernel_matrix
+from gpscale.kernels import kernel_diag
 from gpscale.likelihoods import Bernoulli, Softmax
-from gpscale.linalg.ops import add_jitter, safe_cholesky, upcast
+from gpscale.linalg.ops import add_jitter, upcast
 from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
@@ -92,13 +102,16 @@ from gpscale.methods._solvegp_parts import (
     Projections,
     WhitenedQ,
     batch_eye,
+    cholesky_and_inverse,
     collapsed_bound,
     gauss_hermite,
+    gram,
     initial_points,
+    kernel_matrix_fused,
     kl_whitened,
+    mean_and_quadratic,
     optimal_q_u,
     optimal_q_v,
-    tri_solve,
 )
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.registry import MethodSpec, register
@@ -205,30 +218,47 @@ class SolveGP(Method):
 
     # -- Alg. 1 ---------------------------------------------------------------------------------
     def factors(self) -> InducingFactors:
-        """Alg. 1 lines 1–2: L_u⁰, A = L_u⁰ \\ K_uv, L_v⁰ = chol(K_vv − AᵀA), in float64."""
+        """Alg. 1 lines 1–2 in float64: L_u⁰, A = L_u⁰ \\ K_uv, L_v⁰ = chol(K_vv − AᵀA), and the
+        inverse factors (L_u⁰)⁻¹, (L_v⁰)⁻¹ used by :meth:`projections`. K(Z ∪ O, Z ∪ O) is one
+        kernel call. Cost O(M³ + M2³ + M M2²)."""
         z, o = self.inducing_points, self.orthogonal_points
+        M, M2 = z.shape[-2], o.shape[-2]
         jitter = self._jitter()
-        K_uu = upcast(kernel_matrix(self.kernel, z, z))  # (L, M, M)
-        chol_uu = safe_cholesky(add_jitter(K_uu, jitter), name="SOLVE-GP K_uu")
-        A = tri_solve(chol_uu, upcast(_kernel(self.kernel, z, o)))  # (L, M, M2)
-        C_vv = upcast(_kernel(self.kernel, o, o)) - A.mT @ A  # (L, M2, M2)
+        w = torch.cat([z, o], -2)  # (L, M + M2, d)
+        # split, not slicing: the backward of a split is one concatenation, that of a slice a
+        # zero-filled full-size gradient per block
+        K_u, K_v = upcast(kernel_matrix_fused(self.kernel, w, w)).split([M, M2], -2)
+        K_uu, K_uv = K_u.split([M, M2], -1)
+        K_vv = K_v.split([M, M2], -1)[1]
+        chol_uu, inv_uu = cholesky_and_inverse(add_jitter(K_uu, jitter), name="SOLVE-GP K_uu")
+        A = inv_uu @ K_uv  # (L, M, M2)
+        C_vv = K_vv - gram(A.mT)  # (L, M2, M2)
         C_vv = 0.5 * (C_vv + C_vv.mT)
-        chol_vv = safe_cholesky(
+        chol_vv, inv_vv = cholesky_and_inverse(
             add_jitter(C_vv, jitter),
             name="SOLVE-GP residual covariance C_vv (orthogonal points too close to Z or to "
                  "each other; raise jitter or use fewer orthogonal points)")
-        return InducingFactors(chol_uu, A, chol_vv)
+        return InducingFactors(chol_uu, A, chol_vv, inv_uu, inv_vv)
 
-    def projections(self, factors: InducingFactors, x: Tensor) -> Projections:
-        """Alg. 1 lines 3–4 at ``x`` (b, d): B = L_u⁰ \\ K_uf, D = L_v⁰ \\ (K_vf − AᵀB), k(x, x)."""
+    def projections(self, factors: InducingFactors, x: Tensor,
+                    dtype: torch.dtype | None = None) -> Projections:
+        """Alg. 1 lines 3–4 at ``x`` (b, d): B = L_u⁰ \\ K_uf, D = L_v⁰ \\ (K_vf − AᵀB), k(x, x).
+
+        The two solves are products with the float64 inverse factors, cast to ``dtype``
+        (default ``x.dtype``): O(b (M² + 2 M M2 + M2²)) in matrix products, in the training
+        dtype, instead of batch-sized triangular solves in float64. K(x, Z ∪ O) is one kernel
+        call.
+        """
+        dt = x.dtype if dtype is None else dtype
+        M = self.inducing_points.shape[-2]
         xb = x.expand(self.inducing_points.shape[0], *x.shape)  # (L, b, d), no copy
         w = torch.cat([self.inducing_points, self.orthogonal_points], -2)  # (L, M + M2, d)
-        K_uf, K_vf = upcast(kernel_matrix(self.kernel, w, xb)).split(
-            [self.inducing_points.shape[-2], self.orthogonal_points.shape[-2]], -2)
-        B = tri_solve(factors.chol_uu, K_uf)  # (L, M, b)
-        D = tri_solve(factors.chol_vv, K_vf - factors.A.mT @ B)  # (L, M2, b)
-        return Projections(torch.cat([B, D], -2).to(x.dtype), kernel_diag(self.kernel, xb),
-                           B.shape[-2])
+        K_uf, K_vf = kernel_matrix_fused(self.kernel, w, xb).to(dt).split(
+            [M, self.orthogonal_points.shape[-2]], -2)
+        B = factors.inv_uu.to(dt) @ K_uf  # (L, M, b)
+        C_vf = torch.baddbmm(K_vf, factors.A.to(dt).mT, B, alpha=-1)  # K_vf − AᵀB
+        D = factors.inv_vv.to(dt) @ C_vf  # (L, M2, b)
+        return Projections(B, D, kernel_diag(self.kernel, xb).to(dt))
 
     def variational(self, factors: InducingFactors) -> WhitenedQ:
         """The module's q(u), q(v⊥) in whitened coordinates (float64).
@@ -240,24 +270,33 @@ class SolveGP(Method):
         L_v = (torch.tril(upcast(self.q_chol_v)) if self.q_chol_v is not None
                else batch_eye(m_v.shape[0], m_v.shape[1], m_v))
         if not self.whiten:
-            m_u = tri_solve(factors.chol_uu, m_u[..., None])[..., 0]
-            L_u = tri_solve(factors.chol_uu, L_u)
-            m_v = tri_solve(factors.chol_vv, m_v[..., None])[..., 0]
+            m_u = (factors.inv_uu @ m_u[..., None])[..., 0]
+            L_u = factors.inv_uu @ L_u
+            m_v = (factors.inv_vv @ m_v[..., None])[..., 0]
             if self.q_chol_v is not None:  # else 'mean' (ODVGP): S_v = C_vv, whitened L_v = I
-                L_v = tri_solve(factors.chol_vv, L_v)
+                L_v = factors.inv_vv @ L_v
         return WhitenedQ(m_u, L_u, m_v, L_v)
 
     def marginals(self, q: WhitenedQ, proj: Projections) -> tuple[Tensor, Tensor]:
         """Alg. 1 lines 5–7 (Eqs. 33–34): μ(x) = μ₀ + Bᵀa_u + Dᵀa_v and
-        σ²(x) = k(x, x) + ‖P_uᵀB‖² − ‖B‖² + ‖P_vᵀD‖² − ‖D‖² (column sums), each (L, b)."""
+        σ²(x) = k(x, x) + ‖P_uᵀB‖² − ‖B‖² + ‖P_vᵀD‖² − ‖D‖² (column sums), each (L, b).
+
+        The variance terms are evaluated as the quadratic forms b_jᵀ(P_uP_uᵀ − I)b_j and
+        d_jᵀ(P_vP_vᵀ − I)d_j (:func:`mean_and_quadratic`, in B's dtype), one O(b M²) product each
+        way. With ``orthogonal_q='mean'`` the v-term is 0.
+        """
         B, D = proj.B, proj.D
         dt = B.dtype
-        a = torch.cat([q.mean_u, q.mean_v], -1).to(dt)  # (L, M + M2)
-        mean = (a[..., None, :] @ proj.BD)[..., 0, :]  # Bᵀa_u + Dᵀa_v
-        F = q.chol_u.to(dt).mT @ B  # (L, M, b)
-        H = q.chol_v.to(dt).mT @ D  # (L, M2, b)
-        var = (proj.prior_var + F.square().sum(-2) + H.square().sum(-2)
-               - proj.BD.square().sum(-2))
+        mean, var = mean_and_quadratic(q.mean_u.to(dt), _excess(q.chol_u, dt), B)  # Bᵀa_u, ...
+        var = var + proj.prior_var
+        if D.shape[-2] > 0:
+            # 'mean' (ODVGP) trains with whitened S_v = I, where ‖P_vᵀD‖² − ‖D‖² = 0.
+            if self.objective == "collapsed" or self.q_chol_v is not None:
+                mean_v, var_v = mean_and_quadratic(q.mean_v.to(dt), _excess(q.chol_v, dt), D)
+                var = var + var_v
+            else:
+                mean_v = (q.mean_v.to(dt)[..., None, :] @ D)[..., 0, :]
+            mean = mean + mean_v
         return mean + self.mean.constant.reshape(-1, 1), var.clamp_min(0.0)
 
     # -- Method contract --------------------------------------------------------------------------
@@ -269,7 +308,7 @@ class SolveGP(Method):
         factors = self.factors()
         if self.objective == "elbo":
             return SolveGPState(x, y, factors, self.variational(factors))
-        proj = self.projections(factors, x)
+        proj = self.projections(factors, x, dtype=torch.float64)
         r = y - self.mean.constant.reshape(())
         mean_v, chol_v = optimal_q_v(proj, r, self.noise)
         mean_u, chol_u = optimal_q_u(proj, r, self.noise, mean_v)
@@ -384,13 +423,12 @@ class SolveGP(Method):
         return Predictive(mean.mT, var.mT, probs=probs.mT)
 
 
-def _kernel(kernel: gpytorch.kernels.Kernel, x1: Tensor, x2: Tensor) -> Tensor:
-    """K(x1, x2); an empty block without calling the kernel when M2 = 0 (GPyTorch's Matérn
-    centres inputs by the mean of x1, which is NaN for an empty x1 and poisons gradients)."""
-    if x1.shape[-2] == 0 or x2.shape[-2] == 0:
-        return x1.new_zeros(*torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]),
-                            x1.shape[-2], x2.shape[-2])
-    return kernel_matrix(kernel, x1, x2)
+def _excess(chol: Tensor, dtype: torch.dtype) -> Tensor:
+    """P Pᵀ − I (symmetrised) in ``dtype`` (P is a trained parameter of that dtype, or, for an
+    unwhitened q, L⁰⁻¹L; S − I stays O(‖P‖²), no cancellation)."""
+    S = gram(chol.to(dtype))
+    S = 0.5 * (S + S.mT)
+    return (S - torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)).to(dtype)
 
 
 def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
