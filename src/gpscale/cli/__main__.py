@@ -167,6 +167,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(f"{name:12s} {suite.summary}")
         return 0
     datasets = tuple(args.datasets.split(",")) if args.datasets else None
+    # Suites run for minutes to hours: say which run starts when, even without --verbose.
+    logging.getLogger("gpscale.benchmarks").setLevel(logging.INFO)
     report = run_suite(args.suite, args.out or f"runs/bench-{args.suite}", quick=args.quick,
                        datasets=datasets)
     print(report.read_text())
@@ -212,7 +214,8 @@ COMMANDS = {"fit": _cmd_fit, "predict": _cmd_predict, "bench": _cmd_bench,
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
     threads = os.environ.get("GPSCALE_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
