@@ -33,6 +33,7 @@ from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk
 from gpscale.linalg.operators.block_sparse import (
     DEFAULT_SPAN_ROWS,
     BlockSparseActions,
+    rectangular_kernel_product,
     symmetric_kernel_product,
 )
 from gpscale.typing import Float, Tensor
@@ -43,6 +44,7 @@ __all__ = [
     "KERNELS",
     "KernelHyperparameters",
     "kernel_block_sparse_matmul",
+    "kernel_block_sparse_rect_matmul",
     "kernel_diag",
     "kernel_hyperparameters",
     "kernel_matmul",
@@ -298,6 +300,71 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
                                    actions.layout, compiled=name != "fused",
                                    chunk_size=chunk_size or DEFAULT_SPAN_ROWS)  # block order
     return hp.outputscale * out[actions.inverse_index()]
+
+
+def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
+                                    actions: BlockSparseActions, *,
+                                    rows: Tensor | None = None,
+                                    x_rows: Float[Tensor, "t d"] | None = None,
+                                    chunk_size: int | None = None,
+                                    backend: str = "auto") -> Float[Tensor, "t i"]:
+    """``K(x[rows], x) @ S`` or ``K(x_rows, x) @ S`` for block-sparse S, fused and matrix-free.
+
+    The rectangular product for a subset of the training rows (a data-parallel rank's shard)
+    or for other points. For a kernel :func:`kernel_hyperparameters` recognises it runs
+    :func:`~gpscale.linalg.operators.block_sparse.rectangular_kernel_product`: tiles of at most
+    ``chunk_size²`` kernel entries evaluated with the fused profile functions, reduced block by
+    block, recomputed in backward; t · n kernel evaluations (the symmetric training product of
+    :func:`kernel_block_sparse_matmul` needs only n²/2 for all n rows). With ``rows`` the
+    distance of a row to its own column is exactly 0. Otherwise ('eager') GPyTorch row chunks
+    as in :func:`kernel_block_sparse_matmul`. No t × n tensor exists in either case.
+
+    Args:
+        kernel: a GPyTorch kernel without batch shape.
+        x: (n, d) the inputs the actions act on (data order).
+        actions: S, with ``actions.layout.num_points == n``.
+        rows: (t,) integer indices of rows of ``x`` (data order); or
+        x_rows: (t, d) row inputs. Exactly one of the two.
+        chunk_size: rows per chunk and columns per span; default ``DEFAULT_SPAN_ROWS`` on the
+            fused paths, ``DEFAULT_MAX_KERNEL_ENTRIES / n`` rows on the eager one.
+        backend: one of :data:`BACKENDS`; 'keops' runs 'compiled'; 'auto' as
+            :func:`select_backend` decides for the (t, n) product.
+
+    Returns:
+        (t, i), gradients flow to ``x``, ``x_rows``, the kernel hyperparameters and the values.
+
+    Raises:
+        ValueError: not exactly one of ``rows``/``x_rows``, mismatched shapes, a batched kernel,
+            or an unknown backend.
+    """
+    if (rows is None) == (x_rows is None):
+        raise ValueError("kernel_block_sparse_rect_matmul needs exactly one of rows (t,) "
+                         "indices into x or x_rows (t, d)")
+    if actions.transposed or x.dim() != 2 or actions.layout.num_points != x.shape[-2]:
+        raise ValueError(f"kernel_block_sparse_rect_matmul needs x (n, d) and actions (n, i); "
+                         f"got x {tuple(x.shape)} and actions {tuple(actions.shape)}")
+    if kernel.batch_shape != _NO_BATCH:
+        raise ValueError("kernel_block_sparse_rect_matmul supports kernels without batch_shape;"
+                         f" got {tuple(kernel.batch_shape)}")
+    if rows is not None and (rows.dim() != 1 or rows.is_floating_point()):
+        raise ValueError(f"rows must be a 1-D integer tensor; got {rows.dtype} of shape "
+                         f"{tuple(rows.shape)}")
+    if x_rows is not None and (x_rows.dim() != 2 or x_rows.shape[-1] != x.shape[-1]):
+        raise ValueError(f"x_rows must be (t, {x.shape[-1]}); got {tuple(x_rows.shape)}")
+    points = x[rows] if x_rows is None else x_rows
+    name = select_backend(kernel, points, x, backend)
+    if name == "eager":
+        return _block_sparse_rows(kernel, points, x, actions, chunk_size)
+    hp = _require_hyperparameters(kernel, name)
+    z_rows, z, _, _ = _scaled_inputs(hp, points, x, x[..., :1])
+    position = None if rows is None else actions.inverse_index()[rows]  # block-order rows
+    if rows is not None:
+        z_rows = z[:, rows]  # the very same numbers as the columns (D² = 0 exactly on the pair)
+    out = rectangular_kernel_product(hp.profile, z_rows[0], z[0][actions.index], actions.values,
+                                     actions.layout, rows_in_z=position,
+                                     compiled=name != "fused",
+                                     chunk_size=chunk_size or DEFAULT_SPAN_ROWS)
+    return hp.outputscale * out
 
 
 def _block_sparse_rows(kernel: Kernel, x_rows: Tensor, x: Tensor, actions: BlockSparseActions,

@@ -9,6 +9,8 @@ import torch
 
 from gpscale.distributed import all_gather_rows, all_reduce_sum, current, shard_range
 from gpscale.distributed import cagp as dcagp
+from gpscale.distributed import ggp as dggp
+from gpscale.distributed.env import DistEnv
 from gpscale.distributed.reduce import check_replicated, reduce_gradients
 from gpscale.distributed.train import DataParallel
 from gpscale.methods import build
@@ -98,6 +100,39 @@ def svgp_job(n: int, batch_size: int, epochs: int) -> dict:
     return out
 
 
+class UnionBatches:
+    """One process stepping through the union of the 2 ranks' batches (the global batch)."""
+
+    is_main = True
+
+    def __init__(self, n: int):
+        self.ranks = [DataParallel(n, env=DistEnv(rank=r, world_size=2)) for r in range(2)]
+        self.starts = [0, self.ranks[0].num_local]
+
+    def batches(self, n, batch_size, generator):
+        state = generator.get_state()
+        parts = []
+        for rank in self.ranks:  # every rank draws from an identically seeded generator
+            generator.set_state(state)
+            parts.append(list(rank.batches(rank.num_local, batch_size, generator)))
+        for step in zip(*parts, strict=True):
+            self.sizes = [idx.shape[0] for idx in step]  # the ranks' parts of this step
+            yield torch.cat([idx + s for idx, s in zip(step, self.starts, strict=True)])
+
+    def reduce_loss(self, loss, rows):
+        self.rows = rows
+        return float(loss)
+
+    def step_rows(self):
+        return self.rows
+
+    def reduce_gradients(self, model, rows):
+        pass
+
+    def epoch_time(self, seconds):
+        return seconds
+
+
 def failing_job(mode: str, wait: float) -> float:
     """Rank 1 dies (``'die'``) or stalls (``'hang'``); rank 0 runs a collective."""
     env = current()
@@ -113,3 +148,99 @@ def failing_job(mode: str, wait: float) -> float:
 def equivalence_job(cagp_args: tuple, svgp_args: tuple) -> dict:
     """Both jobs in one launch (one process start-up instead of two)."""
     return {"cagp": cagp_job(*cagp_args), "svgp": svgp_job(*svgp_args)}
+
+
+# -- GGP (statistics all-reduced once) -------------------------------------------------------
+
+# rtol 1e-10: at the default 1e-3 the factorized CG's loss moves by ~1e-5 relative when the
+# statistics change by rounding (1e-15; any other order of the sums), in one process as well.
+GGP_OPTIONS = {"grid_size": 20, "num_probes": 4, "rtol": 1e-10, "max_iters": 2000, **HYPER}
+STAT_FIELDS = ("wt_y", "wt_one", "yty", "y_sum", "wt_probes", "probe_sq")
+
+
+def ggp_model(x, y):
+    return build("ggp", 2, init=(x, y), **GGP_OPTIONS).double()
+
+
+def stat_fields(stats) -> dict:
+    """The summed fields of SufficientStatistics as a dict (WᵀW as its stencil coefficients)."""
+    out = {name: getattr(stats, name).detach().clone() for name in STAT_FIELDS}
+    return {**out, "gram": stats.gram.coef.clone(), "n": stats.n}
+
+
+def ggp_job(n: int, chunk: int, epochs: int) -> dict:
+    """Reduced statistics (small chunks), loss, gradients, predictions and a short fit."""
+    x_full, y_full, x_test = data(n)
+    model = ggp_model(x_full, y_full)
+    start, x, y = _shard(n, x_full, y_full)
+    del x_full, y_full
+    small = dggp.statistics(model, (x, y), start=start, num_points=n, chunk_size=chunk)
+    stats = dggp.statistics(model, (x, y), start=start, num_points=n)  # default chunks
+    loss = dggp.ShardedGGPLoss(stats)(model, x, y)
+    loss.backward()
+    reduce_gradients(model.parameters())
+    out = {"stats": stat_fields(small), "loss": float(loss.detach()), "grads": grads(model)}
+    pred = dggp.predict(model, stats, x_test)
+    out["pred"] = (pred.mean, pred.variance)
+    model.zero_grad(set_to_none=True)
+    config = FitConfig(lr=0.05, epochs=epochs, progress=False)
+    history = fit(model, dggp.ShardedGGPLoss(stats), (x, y), config,
+                  parallel=DataParallel(n, kind="global"))
+    out.update(history=history.column("loss"), params=params(model),
+               spread=check_replicated(model))
+    return out
+
+
+# -- Minibatch methods: SoftKI and SOLVE-GP (DDP gradient averaging) ---------------------------
+
+def softki_model(x, y, objective: str = "mll"):
+    return build("softki", 2, init=(x, y), num_inducing=8, objective=objective, num_probes=3,
+                 lengthscale=0.4, outputscale=1.3, noise=0.05).double()
+
+
+def solvegp_model(x, y):
+    return build("solvegp", 2, init=(x, y), num_inducing=6, num_orthogonal=5, **HYPER).double()
+
+
+def probes_for(rows: torch.Tensor, num_probes: int = 3) -> torch.Tensor:
+    """Fixed probes of the global rows ``rows`` (the same numbers in every process)."""
+    g = torch.Generator().manual_seed(11)
+    return torch.randn(10_000, num_probes, generator=g, dtype=torch.float64)[rows]
+
+
+def minibatch_job(name: str, n: int, batch_size: int, epochs: int) -> dict:
+    """One DDP step (loss, averaged gradients) on the rank batches, then a short fit."""
+    x_full, y_full, x_test = data(n)
+    make = {"softki": softki_model, "solvegp": solvegp_model}[name]
+    model = make(x_full, y_full)
+    start, x, y = _shard(n, x_full, y_full)
+    parallel = DataParallel(n, kind="local")
+    idx = next(iter(parallel.batches(x.shape[0], batch_size, torch.Generator().manual_seed(5))))
+    out = {"batch": all_gather_rows(idx + start), "rows": idx.shape[0]}
+    if name == "softki":  # the pseudoloss too, with probes fixed per global row
+        pseudo = softki_model(x_full, y_full, objective="pseudoloss")
+        value = pseudo.loss(pseudo.condition(x[idx], y[idx], probes_for(idx + start)))
+        value.backward()
+        parallel.reduce_gradients(pseudo, idx.shape[0])
+        out.update(pseudo_loss=parallel.reduce_loss(value.detach(), idx.shape[0]),
+                   pseudo_grads=grads(pseudo))
+    del x_full, y_full
+    loss = model.loss(model.condition(x[idx], y[idx]))
+    loss.backward()
+    parallel.reduce_gradients(model, idx.shape[0])
+    out.update(grads=grads(model), loss=parallel.reduce_loss(loss.detach(), idx.shape[0]))
+    model.zero_grad(set_to_none=True)
+    config = FitConfig(lr=0.02, epochs=epochs, batch_size=batch_size, progress=False, seed=3)
+    history = fit(model, None, (x, y), config, parallel=parallel)
+    with torch.no_grad():
+        state = model.condition(all_gather_rows(x), all_gather_rows(y)) if name == "softki" \
+            else None
+        pred = model.predict(state, x_test)
+    out.update(history=history.column("loss"), params=params(model),
+               spread=check_replicated(model), pred=(pred.mean, pred.variance))
+    return out
+
+
+def minibatch_methods_job(names: tuple, args: tuple) -> dict:
+    """Several minibatch jobs in one launch."""
+    return {name: minibatch_job(name, *args) for name in names}

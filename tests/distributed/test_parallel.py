@@ -13,8 +13,6 @@ import torch
 
 from gpscale.cli.__main__ import main
 from gpscale.distributed import DistributedError, launch
-from gpscale.distributed.env import DistEnv
-from gpscale.distributed.train import DataParallel
 from gpscale.training import FitConfig, fit
 
 from . import _jobs
@@ -62,38 +60,6 @@ def test_cagp_opt_two_ranks_equal_one_process(ranks):
         _close(r["params"], _jobs.params(model))
 
 
-class _UnionBatches:
-    """One process stepping through the union of the 2 ranks' batches (the global batch)."""
-
-    is_main = True
-
-    def __init__(self, n: int):
-        self.ranks = [DataParallel(n, env=DistEnv(rank=r, world_size=2)) for r in range(2)]
-        self.starts = [0, self.ranks[0].num_local]
-
-    def batches(self, n, batch_size, generator):
-        state = generator.get_state()
-        parts = []
-        for rank in self.ranks:  # every rank draws from an identically seeded generator
-            generator.set_state(state)
-            parts.append(list(rank.batches(rank.num_local, batch_size, generator)))
-        for step in zip(*parts, strict=True):
-            yield torch.cat([idx + s for idx, s in zip(step, self.starts, strict=True)])
-
-    def reduce_loss(self, loss, rows):
-        self.rows = rows
-        return float(loss)
-
-    def step_rows(self):
-        return self.rows
-
-    def reduce_gradients(self, model, rows):
-        pass
-
-    def epoch_time(self, seconds):
-        return seconds
-
-
 def test_svgp_minibatch_two_ranks_equal_global_batch(ranks):
     (n, batch, epochs), ranks = SVGP, [r["svgp"] for r in ranks]
     x, y, x_test = _jobs.data(n)
@@ -109,7 +75,7 @@ def test_svgp_minibatch_two_ranks_equal_global_batch(ranks):
         _close(r["grads"], _jobs.grads(model))
     model.zero_grad(set_to_none=True)
     config = FitConfig(lr=0.05, epochs=epochs, batch_size=batch, progress=False, seed=3)
-    history = fit(model, None, (x, y), config, parallel=_UnionBatches(n))
+    history = fit(model, None, (x, y), config, parallel=_jobs.UnionBatches(n))
     assert len(history.column("loss")) == epochs
     with torch.no_grad():
         pred = model.predict(None, x_test)

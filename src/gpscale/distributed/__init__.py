@@ -12,14 +12,20 @@ Modules:
 - :mod:`~gpscale.distributed.shard` — deterministic contiguous shards, per-rank minibatches.
 - :mod:`~gpscale.distributed.reduce` — differentiable all-reduce / all-gather, gradient averaging,
   parameter broadcast, gathering predictions.
-- :mod:`~gpscale.distributed.cagp` — data-parallel CaGP-Opt (ELBO from per-rank pieces).
+- :mod:`~gpscale.distributed.cagp` — data-parallel CaGP-Opt (ELBO from per-rank pieces; the
+  rank's K(X_r, X) S by the fused rectangular block-sparse product).
+- :mod:`~gpscale.distributed.ggp` — data-parallel GGP (per-rank sufficient statistics, one
+  all-reduce, then the m-dimensional solve replicated on every rank).
 - :mod:`~gpscale.distributed.train` — the ``training.fit`` hook :class:`DataParallel` and one
   rank of ``gpscale fit``.
 - :mod:`~gpscale.distributed.launch` — ``gpscale fit --nproc P``: P local processes.
 
-Supported methods: ``cagp-opt`` (full batch, loss and gradients equal the single-process ones)
-and every ``minibatch=True`` method such as ``svgp`` (gradients averaged as
-``DistributedDataParallel`` does; ``--batch-size`` is the global batch, split over the ranks).
+Supported methods: ``cagp-opt`` and ``ggp`` (full batch, loss and gradients equal the
+single-process ones) and every ``minibatch=True`` method such as ``svgp``, ``solvegp``,
+``softki`` (gradients averaged as ``DistributedDataParallel`` does; ``--batch-size`` is the
+global batch, split over the ranks; for a loss that is a sum over points — SVGP, SOLVE-GP — a
+step equals the step on the union of the ranks' batches, for SoftKI's batch marginal
+likelihood it is the average of the ranks' batch losses).
 
 One machine, P processes::
 

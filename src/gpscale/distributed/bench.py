@@ -1,4 +1,4 @@
-"""Benchmark of data-parallel CaGP-Opt: time per epoch and peak memory per rank for P processes.
+"""Benchmarks of data-parallel CaGP-Opt and GGP: time per epoch and peak memory per rank.
 
 Not a registered suite (the lead decides where it goes). :func:`bench_cagp` launches P local
 ranks (:func:`~gpscale.distributed.launch.launch`) for each P asked for; each rank generates the
@@ -13,6 +13,16 @@ above the rank's memory just before training (``VmHWM`` reset, see
 :mod:`gpscale.benchmarks.memory`; ``torch.cuda.max_memory_allocated`` on GPU). Memory per rank
 should fall roughly as 1/P: K(X_r, X) S is n/P × i. Do not run it at large n on the 2-core
 development machine; the issue's figure is n = 40,000.
+
+:func:`bench_ggp` does the same for GGP (:mod:`gpscale.distributed.ggp`): each rank draws only
+its rows of a :class:`~gpscale.data.synthetic.FieldStream` (x ~ U[0, 1]^d, a smooth random
+field plus noise; the stream's chunks are seeded by their index, so P = 1 and P = 2 see the same
+n points), holds them, computes its sufficient statistics in one pass and all-reduces them,
+then trains a few epochs from the statistics. Reported: the statistics time (pass + reduce,
+the slowest rank's), the time per epoch (m-dimensional, the same work on every rank, so
+independent of P and n) and the peak memory per rank, dominated at large n by the held shard
+(n/P · (d + 1) float64) — the statistics need O(chunk · 16^d + 7^d m + p m) beyond it. The
+issue's figure is n = 10⁷ (do not run that on the 2-core development machine).
 """
 
 from __future__ import annotations
@@ -23,7 +33,9 @@ from typing import Any
 import torch
 
 from gpscale.benchmarks.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
+from gpscale.data.synthetic import FieldStream
 from gpscale.distributed import cagp as dcagp
+from gpscale.distributed import ggp as dggp
 from gpscale.distributed.env import current
 from gpscale.distributed.launch import launch
 from gpscale.distributed.reduce import all_gather_rows, all_reduce_max
@@ -32,7 +44,7 @@ from gpscale.distributed.train import DataParallel
 from gpscale.methods import build
 from gpscale.training import FitConfig, fit
 
-__all__ = ["bench_cagp"]
+__all__ = ["bench_cagp", "bench_ggp"]
 
 
 def _data(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,5 +118,79 @@ def bench_cagp(n: int, *, nprocs: tuple[int | str, ...] = ("single", 1, 2), d: i
                      "time_per_epoch_s": sum(steady) / len(steady),
                      "peak_mb_per_rank": max(r["peak_mb"] for r in ranks),
                      "peak_mb_ranks": [r["peak_mb"] for r in ranks],
+                     "final_loss": ranks[0]["loss"]})
+    return rows
+
+
+def _stream_rows(stream: FieldStream, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows start … stop − 1 of the stream, generating only the chunks that hold them."""
+    c = stream.chunk_size
+    parts = [stream.chunk(j) for j in range(start // c, (stop - 1) // c + 1)]
+    x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    offset = (start // c) * c
+    return x[start - offset: stop - offset].clone(), y[start - offset: stop - offset].clone()
+
+
+def _bench_ggp_rank(n: int, d: int, grid_size: int, num_probes: int, epochs: int,
+                    seed: int) -> dict[str, Any]:
+    """One rank of :func:`bench_ggp`: hold the shard, statistics, ``epochs`` Adam epochs."""
+    env = current()
+    torch.manual_seed(seed)
+    model = build("ggp", d, grid_bounds=([0.0] * d, [1.0] * d), grid_size=grid_size,
+                  num_probes=num_probes, seed=seed, kernel="rbf", lengthscale=0.2,
+                  outputscale=1.0, noise=0.01, mean_constant=0.0)
+    config = FitConfig(lr=0.05, epochs=epochs, progress=False)
+    reset_peak_rss()
+    base = current_rss_mb()
+    start, stop = shard_range(n, env.rank, env.world_size)
+    x, y = _stream_rows(FieldStream(n=n, num_dims=d, seed=seed, chunk_size=100_000), start,
+                        stop)  # this rank's shard, held as in a data-parallel run
+    tic = time.perf_counter()
+    stats = dggp.statistics(model, (x, y), start=start, num_points=n)
+    stats_time = all_reduce_max(time.perf_counter() - tic)
+    stats_peak = peak_rss_mb() - base  # the shard plus the statistics pass
+    history = fit(model, dggp.ShardedGGPLoss(stats), (x, y), config,
+                  parallel=DataParallel(n, kind="global"))
+    times = [b - a for a, b in zip([0.0, *history.column("time_s")], history.column("time_s"),
+                                   strict=False)]
+    return {"stats_s": stats_time, "epoch_times_s": times, "peak_mb": peak_rss_mb() - base,
+            "stats_peak_mb": stats_peak, "loss": history.column("loss")[-1]}
+
+
+def bench_ggp(n: int, *, nprocs: tuple[int, ...] = (1, 2), d: int = 2, grid_size: int = 100,
+              num_probes: int = 16, epochs: int = 3, seed: int = 0,
+              threads: int | None = None) -> list[dict[str, Any]]:
+    """Statistics time, time per epoch and peak memory per rank of GGP for each process count.
+
+    Args:
+        n: training points (a :class:`~gpscale.data.synthetic.FieldStream` on [0, 1]^d).
+        nprocs: process counts P.
+        d: input dimension (1 … 3).
+        grid_size: grid points per dimension (m = grid_size^d before padding).
+        num_probes: p log-determinant probes.
+        epochs: Adam epochs (≥ 2 so that the first can be dropped from the epoch time).
+        seed: data, probe and model seed (the same for every P).
+        threads: torch threads per rank; default cores // P.
+
+    Returns:
+        One row per P: ``nproc``, ``n``, ``num_grid``, ``stats_time_s``, ``time_per_epoch_s``,
+        ``peak_mb_per_rank`` (largest over ranks, the whole run), ``peak_mb_ranks``,
+        ``stats_peak_mb_per_rank`` (largest over ranks, up to the end of the statistics: the
+        shard plus the pass, the part that falls with P; the training epochs' m-dimensional
+        solves are replicated and do not), ``final_loss`` (equal across P up to the solver's
+        sensitivity to rounding, a sanity check).
+    """
+    rows = []
+    for p in nprocs:
+        ranks = launch(_bench_ggp_rank, (n, d, grid_size, num_probes, epochs, seed), nproc=p,
+                       threads=threads)
+        times = ranks[0]["epoch_times_s"]
+        steady = times[1:] if len(times) > 1 else times
+        rows.append({"nproc": p, "n": n, "num_grid": grid_size**d,
+                     "stats_time_s": ranks[0]["stats_s"],
+                     "time_per_epoch_s": sum(steady) / len(steady),
+                     "peak_mb_per_rank": max(r["peak_mb"] for r in ranks),
+                     "peak_mb_ranks": [r["peak_mb"] for r in ranks],
+                     "stats_peak_mb_per_rank": max(r["stats_peak_mb"] for r in ranks),
                      "final_loss": ranks[0]["loss"]})
     return rows

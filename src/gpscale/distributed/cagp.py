@@ -24,10 +24,14 @@ rank; :func:`~gpscale.distributed.reduce.all_reduce_sum` makes its backward pass
 ranks average their gradients (module docstring of :mod:`gpscale.distributed.reduce`), so loss
 and gradients equal the single-process ``CaGP.loss(CaGP.condition(X, y))`` up to rounding.
 
-Cost per rank and loss: n_r · n kernel evaluations (row chunks K(X_r, X), forward and again in
-backward) + O(n_r i² + i³); memory O(n_r i + chunk · n). The single-process path evaluates only
-n²/2 kernel entries (the symmetric product); P ranks together evaluate n², so P = 2 breaks even
-on kernel work and wins on memory per rank. Prediction needs only X, S, ṽ and the Cholesky
+Z_r comes from :func:`~gpscale.kernels.kernel_block_sparse_rect_matmul`: the fused tile kernels
+of :mod:`gpscale.linalg.fused` on (row chunk × block span) tiles, each reduced against its
+blocks and recomputed in backward, so no n_r × n matrix exists (a kernel the fused path does not
+know takes GPyTorch row chunks); with one rank (all rows) it is the single-process symmetric
+product. Cost per rank and loss: n_r · n kernel evaluations, forward and
+again in backward, + O(n_r i² + i³); memory O(n_r i + tile). The single-process path evaluates
+only n²/2 kernel entries (the symmetric product); P ranks together evaluate n², so P = 2 breaks
+even on kernel work and wins on memory per rank. Prediction needs only X, S, ṽ and the Cholesky
 factor, all replicated: each rank predicts a shard of the test points and the shards are gathered.
 """
 
@@ -43,12 +47,16 @@ from gpscale.distributed.env import current
 from gpscale.distributed.reduce import all_reduce_sums, gather_predictive
 from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
-from gpscale.kernels import kernel_diag
+from gpscale.kernels import (
+    kernel_block_sparse_matmul,
+    kernel_block_sparse_rect_matmul,
+    kernel_diag,
+)
 from gpscale.linalg.operators.block_sparse import BlockSparseActions
 from gpscale.linalg.ops import safe_cholesky, upcast
 from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
 from gpscale.methods.base import as_dtype
-from gpscale.methods.cagp import CaGP, CaGPState, action_gram, kernel_times, trace_solve
+from gpscale.methods.cagp import CaGP, CaGPState, action_gram, trace_solve
 from gpscale.validation import check_x, check_xy
 
 __all__ = [
@@ -125,6 +133,17 @@ def _project(blocks: Tensor, values: Tensor, M: Tensor, num_blocks: int) -> Tens
     return rows.new_zeros(num_blocks, M.shape[-1]).index_add(0, blocks, rows)
 
 
+def _kernel_rows_times_actions(model: CaGP, x_all: Tensor, S: BlockSparseActions, start: int,
+                               stop: int) -> Tensor:
+    """Z_r = K(X_r, X) S (n_r, i): the fused rectangular product, or the symmetric one when
+    this rank holds every row (P = 1), which evaluates half the kernel entries."""
+    if start == 0 and stop == x_all.shape[0]:
+        return kernel_block_sparse_matmul(model.kernel, x_all, S, chunk_size=model.chunk_size,
+                                          backend=model.backend)
+    rows = torch.arange(start, stop, device=x_all.device)
+    return kernel_block_sparse_rect_matmul(model.kernel, x_all, S, rows=rows,
+                                           chunk_size=model.chunk_size, backend=model.backend)
+
 def condition(model: CaGP, x_all: Tensor, x: Tensor, y: Tensor, start: int) -> ShardedCaGPState:
     """This rank's part of ``model.condition(X, y)`` (Alg. S2 lines 1–5); a collective.
 
@@ -153,7 +172,7 @@ def condition(model: CaGP, x_all: Tensor, x: Tensor, y: Tensor, start: int) -> S
                          f"x_all has {n}")
     r = y.to(x.dtype) - model.mean(x)  # r_r
     noise, i = model.noise, S.layout.num_blocks
-    Z = kernel_times(S, model.kernel, x_all, x, model.chunk_size, model.backend)  # K(X_r, X) S
+    Z = _kernel_rows_times_actions(model, x_all, S, start, stop)  # K(X_r, X) S (n_r, i)
     blocks, values = _local_rows(S, start, stop)
     Z64 = upcast(Z)
     G_K, y_proj, gram_Z, prior_var = all_reduce_sums(

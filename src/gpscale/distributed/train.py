@@ -12,6 +12,8 @@ identical and they stop together. Two kinds of loss (module docstring of
   is exactly the loss and gradient on the union of the batches (the global batch).
 - ``'global'`` — data-parallel CaGP-Opt (:mod:`gpscale.distributed.cagp`): every rank computes
   the same full-data loss through differentiable all-reduces; gradients are averaged plainly.
+  GGP (:mod:`gpscale.distributed.ggp`) is 'global' too: its statistics are all-reduced once
+  before training, after which every rank computes the same loss from the same numbers.
 
 :func:`run_rank` is one rank of ``gpscale fit --nproc P`` (or of a ``torchrun`` job): it loads
 the data, builds the model identically on every rank (rank 0's parameters are broadcast),
@@ -31,6 +33,7 @@ from torch import Tensor, nn
 
 from gpscale.benchmarks.runner import RunSpec, fit_config, load_data, write_outputs, write_partial
 from gpscale.distributed import cagp as dcagp
+from gpscale.distributed import ggp as dggp
 from gpscale.distributed.env import DEFAULT_TIMEOUT, DistEnv, current, init_from_env
 from gpscale.distributed.reduce import (
     all_gather_rows,
@@ -47,6 +50,7 @@ from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
 from gpscale.methods.base import Method
 from gpscale.methods.cagp import CaGP
 from gpscale.methods.registry import build
+from gpscale.methods.ski import GGP
 from gpscale.training import Evaluate, fit
 
 __all__ = ["LOSS_KINDS", "DataParallel", "is_sharded_cagp", "run_rank"]
@@ -119,11 +123,14 @@ def is_sharded_cagp(model: Method) -> bool:
     return isinstance(model, CaGP) and isinstance(model.policy, LearnedBlockSparsePolicy)
 
 
-def _predictor(model: Method, x_all: Tensor | None, x: Tensor, y: Tensor, start: int):
+def _predictor(model: Method, x_all: Tensor | None, x: Tensor, y: Tensor, start: int,
+               stats: Any = None):
     """``predictor(model, x_test) -> Predictive`` for this rank (a collective)."""
 
     def predict(m: Method, x_test: Tensor) -> Predictive:
         with torch.no_grad():
+            if stats is not None:
+                return dggp.predict(m, stats, x_test)
             if x_all is not None:
                 return dcagp.predict(m, dcagp.condition(m, x_all, x, y, start), x_test)
             env = current()
@@ -141,8 +148,8 @@ def run_rank(spec: RunSpec, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     Joins the process group from the torchrun variables unless one is running.
 
     Raises:
-        ValueError: a method without a data-parallel path (supported: ``cagp-opt`` and methods
-            with ``minibatch=True``), or CaGP-Opt with a batch size.
+        ValueError: a method without a data-parallel path (supported: ``cagp-opt``, ``ggp``
+            and methods with ``minibatch=True``), or CaGP-Opt / GGP with a batch size.
         NonFiniteLossError: as ``training.fit``; rank 0 writes the partial history first.
         DistributedError: another rank failed.
     """
@@ -165,17 +172,23 @@ def run_rank(spec: RunSpec, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     x_test = x_test.to(env.device)
     data = dataclasses.replace(data, x_train=x, y_train=data.y_train[start:stop].clone())
     del x_full, y_full  # from here on this rank holds only its shard (and, for CaGP, X)
-    if is_sharded_cagp(model):
+    stats = None
+    if is_sharded_cagp(model) or isinstance(model, GGP):
         if config.batch_size is not None:
-            raise ValueError("data-parallel CaGP-Opt trains on the full data; drop --batch-size")
+            raise ValueError(f"data-parallel {spec.method} trains on the full data; drop "
+                             "--batch-size")
+    if is_sharded_cagp(model):
         x_all = all_gather_rows(x)
         loss_fn, kind = dcagp.ShardedCaGPLoss(x_all, start), "global"
+    elif isinstance(model, GGP):  # one pass over the shard, one all-reduce, then replicated
+        x_all, stats = None, dggp.statistics(model, (x, y), start=start, num_points=n)
+        loss_fn, kind = dggp.ShardedGGPLoss(stats), "global"
     elif getattr(model, "minibatch", False) and model.trainable:
         x_all, loss_fn, kind = None, None, "local"
     else:
         raise ValueError(f"method {spec.method!r} has no data-parallel path; supported: "
-                         "cagp-opt and minibatch methods (e.g. svgp)")
-    predict = _predictor(model, x_all, x, y, start)
+                         "cagp-opt, ggp and minibatch methods (e.g. svgp)")
+    predict = _predictor(model, x_all, x, y, start, stats)
     callbacks = [Evaluate(lambda m: predict(m, x_test), data.y_test, every=spec.eval_every)] \
         if spec.eval_every else []
     try:
