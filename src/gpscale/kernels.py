@@ -264,9 +264,10 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
     :func:`kernel_hyperparameters` recognises it runs
     :func:`~gpscale.linalg.operators.block_sparse.symmetric_kernel_product`: tiles of at most
     ``chunk_size²`` entries, each off-diagonal tile used twice (K is symmetric), O(n) work per
-    kernel row, recomputation in backward. Otherwise, and for ``x_rows`` given (prediction), row
-    chunks of ``K(x_rows, x)`` (at most ``chunk_size × n`` entries, forward and backward) are
-    reduced block by block. No n × n tensor exists in either case.
+    kernel row, recomputation in backward. With ``x_rows`` given (prediction) it runs
+    :func:`kernel_block_sparse_rect_matmul` (fused rectangular tiles). For other kernels, or the
+    'eager' backend, row chunks of ``K(x_rows, x)`` (at most ``chunk_size × n`` entries, forward
+    and backward) are reduced block by block. No n × n tensor exists in any case.
 
     Args:
         kernel: a GPyTorch kernel without batch shape.
@@ -291,9 +292,12 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
         raise ValueError("kernel_block_sparse_matmul supports kernels without batch_shape; got "
                          f"{tuple(kernel.batch_shape)}")
     name = select_backend(kernel, x, x, backend)
-    if x_rows is not None or name == "eager":
+    if name == "eager":
         return _block_sparse_rows(kernel, x if x_rows is None else x_rows, x, actions,
                                   chunk_size)
+    if x_rows is not None:  # prediction: fused rectangular tiles
+        return kernel_block_sparse_rect_matmul(kernel, x, actions, x_rows=x_rows,
+                                               chunk_size=chunk_size, backend=backend)
     hp = _require_hyperparameters(kernel, name)
     z, _, _, _ = _scaled_inputs(hp, x, x, x[..., :1])
     out = symmetric_kernel_product(hp.profile, z[0][actions.index], actions.values,
