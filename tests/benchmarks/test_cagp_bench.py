@@ -57,3 +57,23 @@ def test_memory_sweep_grows_with_n_and_stays_below_dense():
     assert [r["n"] for r in rows] == [3_000, 6_000]
     assert rows[0]["mb_per_1k_points"] is None and rows[1]["mb_per_1k_points"] is not None
     assert rows[1]["peak_mb"] < rows[1]["dense_kernel_mb"] / 2
+
+
+def test_a_failing_run_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
+    """lr = 1e6 makes the first run fail; its row says so and the next run still happens."""
+    tiny = [cagp.Entry("housing", "svgp", "adam", 1e6, 3, 1, {"num_inducing": 8}),
+            cagp.Entry("housing", "sgpr", "adam", 0.1, 1, 1, {"num_inducing": 8})]
+    monkeypatch.setattr(cagp, "plan", lambda quick, datasets: tiny)
+    monkeypatch.setattr(cagp, "memory_rows", lambda ns, i: [])
+
+    def boom(spec):
+        if spec.lr == 1e6:
+            raise cagp.NonFiniteLossError("loss became nan", epoch=2, history=None)
+        return real_run(spec)
+
+    real_run = cagp.runner.run
+    monkeypatch.setattr(cagp.runner, "run", boom)
+    rows = cagp.run(tmp_path, quick=True)
+    assert rows[0]["stopped"] == "failed in epoch 2" and rows[0]["epochs"] == 1
+    assert rows[1]["method"] == "sgpr" and rows[1]["test_nll"] is not None
+    assert "failed in epoch 2" in (tmp_path / "report.md").read_text()

@@ -132,6 +132,29 @@ def test_resume_continues_exactly(tmp_path, data):
     assert hist.column("epoch") == list(range(1, 7))
 
 
+def test_numerical_error_in_an_epoch_keeps_the_last_good_state(data):
+    """A failing Cholesky in epoch 3 stops training like a NaN loss: epoch-2 parameters kept."""
+    from gpscale.errors import NumericalError
+
+    def fails(model, x, y):
+        if len(calls) == 2:
+            raise NumericalError("Cholesky of G failed")
+        return quad_loss(model, x, y)
+
+    calls = []
+
+    class Count:
+        def on_epoch_end(self, model, epoch, row, final=False):
+            calls.append(float(model.w))
+
+    model = Quadratic()
+    with pytest.raises(NonFiniteLossError, match="epoch 3 failed .Cholesky of G") as info:
+        fit(model, fails, data, FitConfig(lr=0.1, epochs=10, progress=False), callbacks=[Count()])
+    assert info.value.epoch == 3 and info.value.history.epochs == 2
+    assert info.value.history.stopped == "numerical-error"
+    assert float(model.w) == calls[-1]
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_state(tmp_path, data):
     """A NaN loss raises NonFiniteLossError; parameters and checkpoint keep the last good epoch."""
     def blows_up(model, x, y):

@@ -33,6 +33,7 @@ from gpscale.benchmarks.memory import peak_memory_mb, peak_rss_mb, reset_peak_rs
 from gpscale.benchmarks.plots import curve_rows, plot_curves
 from gpscale.benchmarks.report import markdown_table, write_results
 from gpscale.benchmarks.runner import RunSpec
+from gpscale.errors import NonFiniteLossError
 from gpscale.methods.registry import build
 
 __all__ = ["run", "plan", "BUDGET_S", "PAPER_NLL", "memory_rows"]
@@ -128,11 +129,24 @@ def run(out_dir: Path, *, quick: bool = False,
     rows, curves = [], []
     for entry in plan(quick, datasets):
         log.info("cagp: %s on %s", entry.label, entry.dataset)
-        result = runner.run(_spec(entry, quick))
-        seen = [v for v in result.history.column("test_nll") if v is not None]
         paper = PAPER_NLL.get(entry.dataset) if entry.method == "cagp-opt" else None
-        metrics = {**result.metrics, "optimizer": entry.optimizer, "lr": entry.lr,
-                   "best_test_nll": min([*seen, result.metrics["test_nll"]]), "paper_nll": paper}
+        info = {"dataset": entry.dataset, "method": entry.method, "optimizer": entry.optimizer,
+                "lr": entry.lr, "paper_nll": paper}
+        try:
+            result = runner.run(_spec(entry, quick))
+        except NonFiniteLossError as err:  # a diverged run is a result; the suite goes on
+            log.warning("cagp: %s on %s stopped: %s", entry.label, entry.dataset, err)
+            history = err.history
+            seen = [v for v in history.column("test_nll") if v is not None] if history else []
+            rows.append({**info, "epochs": err.epoch - 1, "stopped": f"failed in epoch "
+                         f"{err.epoch}", "best_test_nll": min(seen, default=None)})
+            if history:
+                curves += curve_rows({"dataset": entry.dataset, "method": entry.label},
+                                     history.rows, CURVE_METRICS)
+            continue
+        seen = [v for v in result.history.column("test_nll") if v is not None]
+        metrics = {**result.metrics, **info,
+                   "best_test_nll": min([*seen, result.metrics["test_nll"]])}
         rows.append({k: metrics.get(k) for k in COLUMNS})
         label = {"dataset": entry.dataset, "method": entry.label}
         curves += curve_rows(label, result.history.rows, CURVE_METRICS)

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from gpscale.errors import NonFiniteLossError
+from gpscale.errors import NonFiniteLossError, NumericalError
 from gpscale.training.config import FitConfig
 from gpscale.training.history import History
 
@@ -111,7 +111,18 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
         for epoch in range(run.start_epoch, config.epochs + 1):
             good = copy.deepcopy(model.state_dict())
             tic = time.perf_counter()
-            loss = _epoch(model, loss_fn, x, y, config, run, parallel)
+            try:
+                loss = _epoch(model, loss_fn, x, y, config, run, parallel)
+            except NumericalError as err:  # e.g. a Cholesky that failed for these parameters
+                model.load_state_dict(good)
+                history.stopped = "numerical-error"
+                raise NonFiniteLossError(
+                    f"epoch {epoch} failed ({err}); the model keeps the parameters of epoch "
+                    f"{epoch - 1}" + (f" and the last checkpoint is {ckpt}"
+                                      if ckpt and ckpt.exists() else "")
+                    + ". Lower the learning rate or use float64.",
+                    epoch=epoch, history=history,
+                    checkpoint=str(ckpt) if ckpt and ckpt.exists() else None) from err
             elapsed = time.perf_counter() - tic
             clock += elapsed if parallel is None else parallel.epoch_time(elapsed)
             if not math.isfinite(loss):
