@@ -30,7 +30,7 @@ import torch
 
 from gpscale.benchmarks import runner
 from gpscale.benchmarks.memory import peak_memory_mb, peak_rss_mb, reset_peak_rss
-from gpscale.benchmarks.plots import curve_rows, plot_curves
+from gpscale.benchmarks.plots import curve_rows, plot_curves, write_curves_csv
 from gpscale.benchmarks.report import markdown_table, write_results
 from gpscale.benchmarks.runner import RunSpec
 from gpscale.errors import NonFiniteLossError
@@ -159,14 +159,9 @@ def run(out_dir: Path, *, quick: bool = False,
 
 
 def _write_curves(out_dir: Path, curves: list[dict[str, Any]]) -> None:
-    import csv
-
     if not curves:
         return
-    with open(out_dir / "curves.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(curves[0]))
-        writer.writeheader()
-        writer.writerows(curves)
+    write_curves_csv(out_dir / "curves.csv", curves)
     for dataset in dict.fromkeys(r["dataset"] for r in curves):
         by_method: dict[str, list[dict[str, Any]]] = {}
         for r in curves:

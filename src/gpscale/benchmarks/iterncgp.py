@@ -31,7 +31,6 @@
 
 from __future__ import annotations
 
-import csv
 import logging
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ import torch
 
 from gpscale.benchmarks import runner
 from gpscale.benchmarks.memory import peak_memory_mb
-from gpscale.benchmarks.plots import curve_rows, plot_curves
+from gpscale.benchmarks.plots import curve_rows, plot_curves, write_curves_csv
 from gpscale.benchmarks.report import write_results
 from gpscale.benchmarks.runner import RunSpec
 from gpscale.data import load_dataset
@@ -294,11 +293,7 @@ def run(out_dir: Path, *, quick: bool = False,
 def _write_curves(out_dir: Path, curves: list[dict[str, Any]]) -> None:
     if not curves:
         return
-    fields = list(dict.fromkeys(k for r in curves for k in r))
-    with open(out_dir / "curves.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(curves)
+    write_curves_csv(out_dir / "curves.csv", curves)
     for part, metrics, x, log_x in (("mixture", METRICS, "time_s", True),
                                     ("mnist", METRICS, "time_s", False),
                                     ("poisson", ("test_nll",), "solver_iterations", False)):

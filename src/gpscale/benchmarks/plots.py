@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_curves", "curve_rows"]
+__all__ = ["plot_curves", "curve_rows", "write_curves_csv"]
 
 
 def curve_rows(label: Mapping[str, Any], history_rows: Sequence[Mapping[str, Any]],
@@ -24,6 +24,17 @@ def curve_rows(label: Mapping[str, Any], history_rows: Sequence[Mapping[str, Any
         rows.append({**label, "epoch": row.get("epoch"), "time_s": row.get("time_s"),
                      **{m: row.get(m) for m in metrics}})
     return rows
+
+
+def write_curves_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Curve rows as CSV, columns the union of the rows' keys in first-seen order."""
+    import csv
+
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def plot_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path, *,
