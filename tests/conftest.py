@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -17,6 +18,15 @@ def _float64_default():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for tiny problems (no thread-pool contention on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -41,3 +51,24 @@ def data_root() -> Path:
         if (Path(entry) / "uci").is_dir():
             return Path(entry)
     pytest.skip("shared data not found: set GPSCALE_DATA=../shared/data")
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an ATen op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.fixture
+def largest_tensor():
+    """``with largest_tensor() as probe:`` records ``probe.largest`` (forward or backward)."""
+    return LargestTensor

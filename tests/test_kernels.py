@@ -8,7 +8,6 @@ import warnings
 import gpytorch
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpscale.kernels import (
     AUTO_COMPILE_MIN_ENTRIES,
@@ -147,31 +146,16 @@ def test_hyperparameter_gradient_by_finite_differences(backend, generator):
     torch.testing.assert_close(analytic, numeric, rtol=1e-6, atol=1e-8)
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("backend", ["eager", "fused"])
-def test_no_block_larger_than_chunk(backend, generator):
+def test_no_block_larger_than_chunk(backend, generator, largest_tensor):
     """Forward and backward never materialise more than chunk_size × n2 kernel entries."""
     kernel = _kernel("matern32", 2, True, generator)
     n, chunk = 200, 16
     x1, x2, rhs = _data(generator, n1=n, n2=n, d=2, k=3)
     x1.requires_grad_()
-    with _LargestTensor() as forward:
+    with largest_tensor() as forward:
         out = kernel_matmul(kernel, x1, x2, rhs, chunk_size=chunk, backend=backend)
-    with _LargestTensor() as backward:
+    with largest_tensor() as backward:
         out.square().sum().backward()
     assert kernel.base_kernel.raw_lengthscale.grad is not None and x1.grad is not None
     # the blocks (16 × 200), and nothing of the n² = 40,000 entries, in either pass

@@ -33,9 +33,9 @@ from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk
 from gpscale.linalg.operators.block_sparse import (
     DEFAULT_SPAN_ROWS,
     BlockSparseActions,
-    rectangular_kernel_product,
     symmetric_kernel_product,
 )
+from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
 from gpscale.typing import Float, Tensor
 
 __all__ = [
@@ -240,12 +240,21 @@ def _scaled_inputs(hp: KernelHyperparameters, x1: Tensor, x2: Tensor, rhs: Tenso
     return (*flat, batch)
 
 
+def _exact_last(z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, int]:
+    """z1, z2 with the dimensions :func:`fused.exact_dims` picks moved last, and their count."""
+    order, exact = fused.exact_dims(z1, z2)
+    if exact == 0:
+        return z1, z2, 0
+    return z1[..., order], z2[..., order], exact
+
+
 def _fused(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int, *,
            compiled: bool = False) -> Tensor:
     hp = _require_hyperparameters(kernel, "compiled" if compiled else "fused")
     z1, z2, rhs3, batch = _scaled_inputs(hp, x1, x2, rhs)
-    out = chunked_product(fused.stationary_rule(hp.profile, compiled=compiled), z1, z2, rhs3,
-                          chunk_size=chunk)  # (B, n1, k)
+    z1, z2, exact = _exact_last(z1, z2)
+    rule = fused.stationary_rule(hp.profile, compiled=compiled, exact=exact)
+    out = chunked_product(rule, z1, z2, rhs3, chunk_size=chunk)  # (B, n1, k)
     return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
 
 
@@ -300,9 +309,11 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
                                                chunk_size=chunk_size, backend=backend)
     hp = _require_hyperparameters(kernel, name)
     z, _, _, _ = _scaled_inputs(hp, x, x, x[..., :1])
+    z, _, exact = _exact_last(z, z)
     out = symmetric_kernel_product(hp.profile, z[0][actions.index], actions.values,
                                    actions.layout, compiled=name != "fused",
-                                   chunk_size=chunk_size or DEFAULT_SPAN_ROWS)  # block order
+                                   chunk_size=chunk_size or DEFAULT_SPAN_ROWS,
+                                   exact=exact)  # block order
     return hp.outputscale * out[actions.inverse_index()]
 
 
@@ -316,7 +327,7 @@ def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
 
     The rectangular product for a subset of the training rows (a data-parallel rank's shard)
     or for other points. For a kernel :func:`kernel_hyperparameters` recognises it runs
-    :func:`~gpscale.linalg.operators.block_sparse.rectangular_kernel_product`: tiles of at most
+    :func:`~gpscale.linalg.operators.block_sparse_rect.rectangular_kernel_product`: tiles of at most
     ``chunk_size²`` kernel entries evaluated with the fused profile functions, reduced block by
     block, recomputed in backward; t · n kernel evaluations (the symmetric training product of
     :func:`kernel_block_sparse_matmul` needs only n²/2 for all n rows). With ``rows`` the
@@ -361,13 +372,14 @@ def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
         return _block_sparse_rows(kernel, points, x, actions, chunk_size)
     hp = _require_hyperparameters(kernel, name)
     z_rows, z, _, _ = _scaled_inputs(hp, points, x, x[..., :1])
+    z_rows, z, exact = _exact_last(z_rows, z)
     position = None if rows is None else actions.inverse_index()[rows]  # block-order rows
     if rows is not None:
         z_rows = z[:, rows]  # the very same numbers as the columns (D² = 0 exactly on the pair)
     out = rectangular_kernel_product(hp.profile, z_rows[0], z[0][actions.index], actions.values,
                                      actions.layout, rows_in_z=position,
                                      compiled=name != "fused",
-                                     chunk_size=chunk_size or DEFAULT_SPAN_ROWS)
+                                     chunk_size=chunk_size or DEFAULT_SPAN_ROWS, exact=exact)
     return hp.outputscale * out
 
 

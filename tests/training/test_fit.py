@@ -155,6 +155,30 @@ def test_numerical_error_in_an_epoch_keeps_the_last_good_state(data):
     assert float(model.w) == calls[-1]
 
 
+@pytest.mark.parametrize("failure", ["numerical-error", "nan"])
+def test_lbfgs_line_search_steps_back_from_points_where_the_model_fails(failure, data):
+    """Trial points with w > 6 fail; the minimiser 4.5 lies inside, so L-BFGS must still find it.
+
+    lr = 10 makes the first trial step land at w = 90 (gradient −9 at w = 0), in the failing
+    region: the search has to retreat instead of ending training there.
+    """
+    from gpscale.errors import NumericalError
+
+    def fails_beyond_six(model, x, y):
+        if float(model.w) > 6.0:
+            if failure == "nan":
+                return model.w * float("nan")
+            raise NumericalError("Cholesky of G failed")
+        return quad_loss(model, x, y)
+
+    model = Quadratic()
+    hist = fit(model, fails_beyond_six, data, FitConfig(optimizer="lbfgs", lr=10.0, epochs=3,
+                                                         progress=False))
+    assert hist.stopped == "epochs"
+    torch.testing.assert_close(model.w.detach(), torch.tensor(4.5), atol=1e-4, rtol=0)
+    assert hist.rows[-1]["loss"] == pytest.approx(8.25, abs=1e-6)
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_state(tmp_path, data):
     """A NaN loss raises NonFiniteLossError; parameters and checkpoint keep the last good epoch."""
     def blows_up(model, x, y):

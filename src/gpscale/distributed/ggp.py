@@ -41,8 +41,9 @@ from gpscale.distributed.env import current
 from gpscale.distributed.reduce import all_reduce_sums, gather_predictive
 from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
-from gpscale.linalg.grid import GramStencil, Grid, interpolate, pair_offsets
+from gpscale.linalg.grid import Grid
 from gpscale.linalg.ops import rademacher
+from gpscale.methods._ski_parts import StatisticsAccumulator
 from gpscale.methods.ski import GGP, SufficientStatistics
 from gpscale.validation import check_xy
 
@@ -139,29 +140,15 @@ def shard_statistics(grid: Grid, data: tuple | Iterable, *, start: int, num_poin
     if chunk_size < 1 or not 0 <= start < num_points:
         raise ValueError(f"need chunk_size >= 1 and 0 <= start < num_points; got chunk_size "
                          f"{chunk_size}, start {start}, num_points {num_points}")
-    m = grid.num_points
-    gram = GramStencil.zeros(grid.sizes, grid.support)
-    pairs = pair_offsets(grid.support, grid.num_dims)
-    wt_y, wt_one = torch.zeros(m, dtype=_F64), torch.zeros(m, dtype=_F64)
-    wt_probes = torch.zeros(m, num_probes, dtype=_F64)
-    yty, y_sum, n = torch.zeros((), dtype=_F64), torch.zeros((), dtype=_F64), 0
+    acc = StatisticsAccumulator(grid, num_probes)
     tape = _ProbeTape(num_points, num_probes, seed, chunk_size, start) if num_probes else None
     for x, y in _local_chunks(data, chunk_size):
-        if start + n + y.shape[0] > num_points:
-            raise ValueError(f"rows {start} … {start + n + y.shape[0] - 1} lie past the "
+        if start + acc.n + y.shape[0] > num_points:
+            raise ValueError(f"rows {start} … {start + acc.n + y.shape[0] - 1} lie past the "
                              f"{num_points} training points")
         check_xy(x, y)
-        rows = interpolate(grid, x)
-        gram.add_(rows, pairs)
-        wt_y += rows.rmatmul(y)
-        wt_one += rows.rmatmul(torch.ones_like(y))
-        if tape is not None:
-            wt_probes += rows.rmatmul(tape.take(y.shape[0]))
-        yty, y_sum, n = yty + y @ y, y_sum + y.sum(), n + y.shape[0]
-    if n == 0:
-        raise ValueError("no data on this rank: the chunks were empty")
-    return SufficientStatistics(grid, gram, wt_y, wt_one, yty, y_sum, n, wt_probes,
-                                torch.full((num_probes,), float(n), dtype=_F64))
+        acc.add(x, y, None if tape is None else tape.take(y.shape[0]))
+    return acc.result("no data on this rank: the chunks were empty")
 
 
 def reduce_statistics(stats: SufficientStatistics) -> SufficientStatistics:

@@ -39,7 +39,8 @@ from torch import Tensor
 
 from gpscale.linalg.chunked import ChunkRule
 
-__all__ = ["DEFAULT_ROWS", "PROFILES", "TILE_ENTRIES", "stationary_rule"]
+__all__ = ["DEFAULT_ROWS", "DISTANCE_TOLERANCE", "EXACT_DIFF_DIMS", "PROFILES", "TILE_ENTRIES",
+           "exact_dims", "inner_products", "sq_norms", "stationary_rule"]
 
 TILE_ENTRIES = 2**20
 """Kernel entries per tile (4 MiB in float32), sized for the caches; tuned on a 2-core EPYC."""
@@ -47,7 +48,67 @@ TILE_ENTRIES = 2**20
 DEFAULT_ROWS = 2048
 """Default rows of ``x1`` per chunk for the fused paths (a tile never exceeds TILE_ENTRIES)."""
 
+DISTANCE_TOLERANCE = 1e-3
+"""Largest acceptable rounding error of D² from the norm expansion (see :func:`exact_dims`)."""
+
+EXACT_DIFF_DIMS = 4
+"""Up to this many exact dimensions are summed as squared differences; more go through float64."""
+
 _SQRT3, _SQRT5 = math.sqrt(3.0), math.sqrt(5.0)
+
+
+def exact_dims(z1: Tensor, z2: Tensor) -> tuple[Tensor, int]:
+    """The dimensions whose squared distances must not come from the norm expansion.
+
+    ``‖z₁‖² + ‖z₂‖² − 2z₁ᵀz₂`` loses about ``2ε Σ_d max|z_d|²`` of absolute accuracy (ε the
+    dtype's machine epsilon): harmless for scaled inputs of order 1, but a lengthscale of 10⁻³
+    on a standardised feature gives |z| ~ 10³ and, in float32, errors of 0.1 in D², enough to make
+    a kernel matrix indefinite. Dimensions are taken out largest first until the rest keeps the
+    error below :data:`DISTANCE_TOLERANCE`; :func:`inner_products` computes their part exactly.
+
+    Args:
+        z1, z2: (..., n, d) centred, scaled inputs.
+
+    Returns:
+        ``(order, k)``: a permutation of the d dimensions that puts the k exact ones last.
+    """
+    with torch.no_grad():
+        reach = torch.maximum(z1.detach().abs().flatten(0, -2).amax(0),
+                              z2.detach().abs().flatten(0, -2).amax(0)).double().square()
+        order = torch.argsort(reach)  # ascending: the exact (largest) dimensions end up last
+        budget = DISTANCE_TOLERANCE / (2.0 * torch.finfo(z1.dtype).eps)
+        kept = int((reach[order].cumsum(0) <= budget).sum())
+    return order, z1.shape[-1] - kept
+
+
+def sq_norms(z: Tensor, exact: int = 0) -> Tensor:
+    """Squared norms over the first ``d − exact`` dimensions, shape (..., n)."""
+    head = z[..., : z.shape[-1] - exact]
+    return (head * head).sum(-1)
+
+
+def inner_products(z1: Tensor, z2: Tensor, out: Tensor, exact: int = 0) -> Tensor:
+    """``out`` ← P (B, c, w) with ``sq1 + sq2 − 2P`` = D² for norms from :func:`sq_norms`.
+
+    The first ``d − exact`` dimensions give plain inner products (one GEMM); the last ``exact``
+    contribute −½ (z₁ − z₂)² each, from differences (or, beyond :data:`EXACT_DIFF_DIMS`, from
+    the norm expansion in float64), so that their large coordinates never cancel in low
+    precision. With ``exact = 0`` this is ``torch.bmm(z1, z2ᵀ)``.
+    """
+    d = z1.shape[-1] - exact
+    torch.bmm(z1[..., :d], z2[..., :d].mT, out=out)
+    if exact == 0:
+        return out
+    e1, e2 = z1[..., d:], z2[..., d:]
+    if exact <= EXACT_DIFF_DIMS:
+        for j in range(exact):
+            out.sub_(0.5 * (e1[..., :, j, None] - e2[..., None, :, j]).square())
+    else:
+        e1, e2 = e1.double(), e2.double()
+        cross = torch.bmm(e1, e2.mT)
+        half = 0.5 * ((e1 * e1).sum(-1)[..., :, None] + (e2 * e2).sum(-1)[..., None, :])
+        out.sub_((half - cross).clamp_min(0.0).to(out.dtype))
+    return out
 
 
 def _sqdist(P: Tensor, sq1: Tensor, sq2: Tensor) -> Tensor:
@@ -162,29 +223,28 @@ def _tile_buffer(like: Tensor, B: int, c: int, tiles: list[slice]) -> Callable[[
     return lambda cols: flat[: B * c * (cols.stop - cols.start)].view(B, c, -1)
 
 
-def _sq_norms(z2t: Tensor) -> Tensor:
-    return (z2t * z2t).sum(-1).unsqueeze(-2)  # (B, 1, w)
-
-
-def _kernel_tiles(value: Callable, z1: Tensor, z2: Tensor) -> Iterator[tuple[slice, Tensor]]:
+def _kernel_tiles(value: Callable, z1: Tensor, z2: Tensor,
+                  exact: int) -> Iterator[tuple[slice, Tensor]]:
     """Yield ``(cols, Φ[:, :, cols])`` tile by tile, each written into the same buffer."""
     B, c, _ = z1.shape
-    sq1 = (z1 * z1).sum(-1, keepdim=True)  # (B, c, 1)
+    sq1 = sq_norms(z1, exact).unsqueeze(-1)  # (B, c, 1)
     tiles = _tiles(z2.shape[1], B * c)
     tile = _tile_buffer(z1, B, c, tiles)
     for cols in tiles:
         z2t, K = z2[:, cols], tile(cols)  # (B, w, d), (B, c, w)
-        torch.bmm(z1, z2t.mT, out=K)  # inner products
-        value(K, sq1, _sq_norms(z2t))  # K ← φ(D²)
+        inner_products(z1, z2t, K, exact)
+        value(K, sq1, sq_norms(z2t, exact).unsqueeze(-2))  # K ← φ(D²)
         yield cols, K
 
 
-def stationary_rule(profile: str, *, compiled: bool) -> ChunkRule:
+def stationary_rule(profile: str, *, compiled: bool, exact: int = 0) -> ChunkRule:
     """A :class:`ChunkRule` for :math:`\\Phi V` with the named profile on 3-D inputs.
 
     Args:
         profile: a key of :data:`PROFILES`.
         compiled: compile the elementwise functions with ``torch.compile``.
+        exact: the last ``exact`` dimensions of the inputs enter D² exactly (see
+            :func:`exact_dims` and :func:`inner_products`).
 
     Returns:
         A rule for :func:`gpscale.linalg.chunked.chunked_product` with inputs ``z1`` (B, n1, d),
@@ -196,13 +256,13 @@ def stationary_rule(profile: str, *, compiled: bool) -> ChunkRule:
 
     def forward(z1: Tensor, z2: Tensor, rhs: Tensor) -> Tensor:
         out = z1.new_zeros(*z1.shape[:2], rhs.shape[-1])  # (B, c, k)
-        for cols, K in _kernel_tiles(value, z1, z2):
+        for cols, K in _kernel_tiles(value, z1, z2, exact):
             out.baddbmm_(K, rhs[:, cols])
         return out
 
     def transpose_product(z1: Tensor, z2: Tensor, grad_out: Tensor) -> Tensor:
         grad_rhs = z2.new_empty(*z2.shape[:2], grad_out.shape[-1])  # (B, n2, k)
-        for cols, K in _kernel_tiles(value, z1, z2):
+        for cols, K in _kernel_tiles(value, z1, z2, exact):
             torch.bmm(K.mT, grad_out, out=grad_rhs[:, cols])
         return grad_rhs
 
@@ -212,15 +272,15 @@ def stationary_rule(profile: str, *, compiled: bool) -> ChunkRule:
             return None, None, transpose_product(z1, z2, grad_out)
         grad_z1, grad_z2 = torch.zeros_like(z1), torch.zeros_like(z2)
         grad_rhs = torch.zeros_like(rhs) if needs[2] else None
-        sq1 = (z1 * z1).sum(-1, keepdim=True)  # (B, c, 1)
+        sq1 = sq_norms(z1, exact).unsqueeze(-1)  # (B, c, 1)
         tiles = _tiles(z2.shape[1], B * c)
         tile_K, tile_H = _tile_buffer(z1, B, c, tiles), _tile_buffer(z1, B, c, tiles)
         for cols in tiles:
             z2t, rhs_t = z2[:, cols], rhs[:, cols]  # (B, w, d), (B, w, k)
             K, H = tile_K(cols), tile_H(cols)  # (B, c, w) each
-            torch.bmm(z1, z2t.mT, out=K)
+            inner_products(z1, z2t, K, exact)
             torch.bmm(grad_out, rhs_t.mT, out=H)  # G = Ȳ Vᵀ
-            H_rows, H_cols = value_vjp(K, sq1, _sq_norms(z2t), H)
+            H_rows, H_cols = value_vjp(K, sq1, sq_norms(z2t, exact).unsqueeze(-2), H)
             if grad_rhs is not None:
                 grad_rhs[:, cols] += torch.bmm(K.mT, grad_out)
             grad_z1 += 2.0 * (H_rows.unsqueeze(-1) * z1 - torch.bmm(H, z2t))

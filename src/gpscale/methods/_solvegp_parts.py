@@ -20,10 +20,13 @@ from torch import Tensor
 from gpscale.kernels import kernel_hyperparameters, kernel_matrix
 from gpscale.linalg.ops import safe_cholesky, upcast
 from gpscale.methods._common import kmeans_points
+from gpscale.validation import check_num_points
 
 __all__ = [
-    "FUSED_PROFILES", "InducingFactors", "Projections", "VARIANCE_FLOOR", "WhitenedQ",
-    "batch_eye", "cholesky_and_inverse", "collapsed_bound", "gauss_hermite", "gram",
+    "FUSED_PROFILES", "InducingFactors", "Projections", "SolveGPState", "VARIANCE_FLOOR",
+    "WhitenedQ",
+    "batch_eye", "check_choice", "check_sizes", "cholesky_and_inverse", "collapsed_bound",
+    "excess", "gauss_hermite", "gram",
     "initial_points", "kernel_matrix_fused", "kl_whitened", "mean_and_quadratic", "optimal_q_u",
     "optimal_q_v", "tri_inverse", "tri_solve",
 ]
@@ -89,6 +92,25 @@ class Projections:
 
 
 # -- the collapsed bound (Gaussian regression, one latent GP) ------------------------------------
+@dataclass(frozen=True)
+class SolveGPState:
+    """A conditioned batch.
+
+    Attributes:
+        x: (b, d) inputs; y: (b,) targets (long labels for C > 2 classes).
+        factors: the inducing factors (Alg. 1 lines 1–2).
+        q: the variational distributions in whitened coordinates: the module's (``elbo``) or
+            the optimal ones for (x, y) (``collapsed``).
+        bound: Eq. (30) on (x, y) for ``collapsed``, else ``None``.
+    """
+
+    x: Tensor
+    y: Tensor
+    factors: InducingFactors
+    q: WhitenedQ
+    bound: Tensor | None = None
+
+
 def collapsed_bound(proj: Projections, r: Tensor, noise: Tensor, mean_v: Tensor,
                     chol_v: Tensor) -> Tensor:
     r"""Eq. (9): log N(r | Dᵀa_v, BᵀB + σ²I) − tr(S_f⊥)/(2σ²) − KL[q(v⊥) ‖ p⊥(v⊥)], float64.
@@ -380,3 +402,37 @@ def initial_points(x: Tensor, num_inducing: int, num_orthogonal: int, *, seed: i
     order = torch.randperm(centres.shape[0], generator=torch.Generator().manual_seed(seed))
     centres = centres[order.to(centres.device)]
     return centres[:num_inducing], centres[num_inducing:]
+
+
+def excess(chol: Tensor, dtype: torch.dtype) -> Tensor:
+    """P Pᵀ − I (symmetrised) in ``dtype`` (P is a trained parameter of that dtype, or, for an
+    unwhitened q, L⁰⁻¹L; S − I stays O(‖P‖²), no cancellation)."""
+    S = gram(chol.to(dtype))
+    S = 0.5 * (S + S.mT)
+    return (S - torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)).to(dtype)
+
+
+def check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+
+
+def check_sizes(init, *, num_inducing: int, num_orthogonal: int, num_quadrature: int,
+                num_likelihood_samples: int, jitter: float | None,
+                kmeans_max_points: int) -> None:
+    """ValueError for a non-integer or too small size, negative jitter, or too few points."""
+    for name, value, low in (("num_inducing", num_inducing, 1),
+                             ("num_orthogonal", num_orthogonal, 0),
+                             ("num_quadrature", num_quadrature, 1),
+                             ("num_likelihood_samples", num_likelihood_samples, 1)):
+        if int(value) != value or value < low:
+            raise ValueError(f"{name} must be an integer ≥ {low}; got {value}")
+    if jitter is not None and jitter < 0:
+        raise ValueError(f"jitter must be ≥ 0; got {jitter}")
+    total = num_inducing + num_orthogonal
+    if kmeans_max_points < total:
+        raise ValueError(f"kmeans_max_points ({kmeans_max_points}) must be at least "
+                         f"num_inducing + num_orthogonal ({total})")
+    if init is not None:
+        check_num_points(init[0].shape[0], total, "inducing points (num_inducing + "
+                         "num_orthogonal)")

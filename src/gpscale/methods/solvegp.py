@@ -77,7 +77,6 @@ GPyTorch baselines.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import gpytorch
@@ -100,10 +99,14 @@ from gpscale.methods._solvegp_parts import (
     VARIANCE_FLOOR,
     InducingFactors,
     Projections,
+    SolveGPState,
     WhitenedQ,
     batch_eye,
+    check_choice,
+    check_sizes,
     cholesky_and_inverse,
     collapsed_bound,
+    excess,
     gauss_hermite,
     gram,
     initial_points,
@@ -115,7 +118,7 @@ from gpscale.methods._solvegp_parts import (
 )
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.registry import MethodSpec, register
-from gpscale.validation import check_num_points, check_x, check_xy
+from gpscale.validation import check_x, check_xy
 
 __all__ = [
     "OBJECTIVES", "ORTHOGONAL_Q", "InducingFactors", "Projections", "SolveGP", "SolveGPState",
@@ -127,25 +130,6 @@ TASKS = ("regression", "classification")
 OBJECTIVES = ("elbo", "collapsed")
 ORTHOGONAL_Q = ("full", "mean")
 DEFAULT_JITTER = {torch.float32: 1e-4, torch.float64: 1e-6}
-
-
-@dataclass(frozen=True)
-class SolveGPState:
-    """A conditioned batch.
-
-    Attributes:
-        x: (b, d) inputs; y: (b,) targets (long labels for C > 2 classes).
-        factors: the inducing factors (Alg. 1 lines 1–2).
-        q: the variational distributions in whitened coordinates: the module's (``elbo``) or
-            the optimal ones for (x, y) (``collapsed``).
-        bound: Eq. (30) on (x, y) for ``collapsed``, else ``None``.
-    """
-
-    x: Tensor
-    y: Tensor
-    factors: InducingFactors
-    q: WhitenedQ
-    bound: Tensor | None = None
 
 
 class SolveGP(Method):
@@ -192,8 +176,8 @@ class SolveGP(Method):
                  num_likelihood_samples: int = 32, seed: int = 0,
                  options: dict[str, Any] | None = None):
         super().__init__(task=task, num_classes=num_classes, options=options)
-        _check_choice("objective", objective, OBJECTIVES)
-        _check_choice("orthogonal_q", orthogonal_q, ORTHOGONAL_Q)
+        check_choice("objective", objective, OBJECTIVES)
+        check_choice("orthogonal_q", orthogonal_q, ORTHOGONAL_Q)
         if objective == "collapsed":
             if task != "regression":
                 raise ValueError("objective='collapsed' needs the Gaussian likelihood "
@@ -287,12 +271,12 @@ class SolveGP(Method):
         """
         B, D = proj.B, proj.D
         dt = B.dtype
-        mean, var = mean_and_quadratic(q.mean_u.to(dt), _excess(q.chol_u, dt), B)  # Bᵀa_u, ...
+        mean, var = mean_and_quadratic(q.mean_u.to(dt), excess(q.chol_u, dt), B)  # Bᵀa_u, ...
         var = var + proj.prior_var
         if D.shape[-2] > 0:
             # 'mean' (ODVGP) trains with whitened S_v = I, where ‖P_vᵀD‖² − ‖D‖² = 0.
             if self.objective == "collapsed" or self.q_chol_v is not None:
-                mean_v, var_v = mean_and_quadratic(q.mean_v.to(dt), _excess(q.chol_v, dt), D)
+                mean_v, var_v = mean_and_quadratic(q.mean_v.to(dt), excess(q.chol_v, dt), D)
                 var = var + var_v
             else:
                 mean_v = (q.mean_v.to(dt)[..., None, :] @ D)[..., 0, :]
@@ -423,19 +407,6 @@ class SolveGP(Method):
         return Predictive(mean.mT, var.mT, probs=probs.mT)
 
 
-def _excess(chol: Tensor, dtype: torch.dtype) -> Tensor:
-    """P Pᵀ − I (symmetrised) in ``dtype`` (P is a trained parameter of that dtype, or, for an
-    unwhitened q, L⁰⁻¹L; S − I stays O(‖P‖²), no cancellation)."""
-    S = gram(chol.to(dtype))
-    S = 0.5 * (S + S.mT)
-    return (S - torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)).to(dtype)
-
-
-def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
-
-
 def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
                   init: tuple[Tensor, Tensor] | None = None, num_inducing: int = 256,
                   num_orthogonal: int = 256, objective: str = "elbo", whiten: bool = True,
@@ -472,23 +443,11 @@ def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int |
             M + M2, invalid counts, missing ``num_data`` or ``num_classes``.
     """
     check_task_and_init("solvegp", task, TASKS, num_dims, init, num_classes)
-    _check_choice("objective", objective, OBJECTIVES)
-    _check_choice("orthogonal_q", orthogonal_q, ORTHOGONAL_Q)
-    for name, value, low in (("num_inducing", num_inducing, 1),
-                             ("num_orthogonal", num_orthogonal, 0),
-                             ("num_quadrature", num_quadrature, 1),
-                             ("num_likelihood_samples", num_likelihood_samples, 1)):
-        if int(value) != value or value < low:
-            raise ValueError(f"{name} must be an integer ≥ {low}; got {value}")
-    if jitter is not None and jitter < 0:
-        raise ValueError(f"jitter must be ≥ 0; got {jitter}")
-    total = num_inducing + num_orthogonal
-    if kmeans_max_points < total:
-        raise ValueError(f"kmeans_max_points ({kmeans_max_points}) must be at least "
-                         f"num_inducing + num_orthogonal ({total})")
-    if init is not None:
-        check_num_points(init[0].shape[0], total, "inducing points (num_inducing + "
-                         "num_orthogonal)")
+    check_choice("objective", objective, OBJECTIVES)
+    check_choice("orthogonal_q", orthogonal_q, ORTHOGONAL_Q)
+    check_sizes(init, num_inducing=num_inducing, num_orthogonal=num_orthogonal,
+                num_quadrature=num_quadrature, num_likelihood_samples=num_likelihood_samples,
+                jitter=jitter, kmeans_max_points=kmeans_max_points)
     num_classes = resolve_num_classes(task, num_classes, init)
     if num_data is None and init is None:
         raise ValueError("solvegp needs num_data (the training-set size) when init is None")

@@ -236,9 +236,17 @@ def _step(model: nn.Module, loss_fn: LossFn, xb: Tensor, yb: Tensor, config: Fit
 
     def closure() -> Tensor:
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model, xb, yb)
+        trial = bool(first) and config.optimizer == "lbfgs"  # a line-search point, not the start
+        try:
+            loss = loss_fn(model, xb, yb)
+        except NumericalError:
+            if not trial:
+                raise
+            return _line_search_penalty(first[0])
         value = value_of(loss)
         if not math.isfinite(value):
+            if trial:
+                return _line_search_penalty(first[0])
             first.append(value)
             return loss
         loss.backward()
@@ -259,6 +267,16 @@ def _step(model: nn.Module, loss_fn: LossFn, xb: Tensor, yb: Tensor, config: Fit
     if math.isfinite(first[0]):
         optimizer.step()
     return first[0]
+
+
+def _line_search_penalty(start: float) -> Tensor:
+    """The loss L-BFGS's line search sees where the model breaks down (failed Cholesky, NaN).
+
+    Raising would end training at a point the search was only probing, and an infinite or NaN
+    value turns the search's cubic interpolation into NaN steps; a large finite value (with zero
+    gradient) instead makes it fall back towards the last good step.
+    """
+    return torch.tensor(start + 1e3 * (abs(start) + 1.0))
 
 
 def _run_callbacks(callbacks: Sequence[Any], model: nn.Module, epoch: int, row: dict[str, Any],

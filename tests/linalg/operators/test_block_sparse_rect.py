@@ -17,8 +17,8 @@ from gpscale.linalg.fused import PROFILES
 from gpscale.linalg.operators.block_sparse import (
     BlockLayout,
     BlockSparseActions,
-    rectangular_kernel_product,
 )
+from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
 
 DENSE = {
     "rbf": lambda r: torch.exp(-0.5 * r.square()),

@@ -1,0 +1,165 @@
+"""Pieces of ``ski``/``ggp`` (:mod:`gpscale.methods.ski`) that need no module.
+
+GGP's sufficient statistics (notes/002 §4.5), one streaming pass over the data in float64: WᵀW
+(as a stencil), Wᵀy, Wᵀ1, yᵀy, Σy, n and Rademacher probe sketches Wᵀz, O(7^d m + p m) floats
+independent of n; and the resolution of the grid options. :mod:`gpscale.methods.ski` re-exports
+the statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gpscale.linalg.grid import (
+    INTERPOLATIONS,
+    GramStencil,
+    Grid,
+    interpolate,
+    make_grid,
+    pair_offsets,
+)
+from gpscale.linalg.ops import rademacher
+from gpscale.validation import check_xy
+
+__all__ = ["DEFAULT_GRID_SIZE", "MAX_DIMS", "StatisticsAccumulator", "SufficientStatistics",
+           "grid_options", "sufficient_statistics"]
+
+MAX_DIMS = 3
+DEFAULT_GRID_SIZE = {1: 1024, 2: 100, 3: 32}
+_F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class SufficientStatistics:
+    """What ``ggp`` keeps of the data (§4.5): O(7^d m + p m) floats, independent of n.
+
+    Attributes:
+        grid: the grid the statistics belong to.
+        gram: WᵀW as a stencil.  wt_y: Wᵀy (m,).  wt_one: Wᵀ1 (m,).
+        yty: yᵀy.  y_sum: Σ y.  n: number of points (float64 scalars).
+        wt_probes: Wᵀz_l for p fixed Rademacher probes z_l ∈ ℝⁿ (m, p).  probe_sq: ‖z_l‖² (p,).
+        gram_csr: WᵀW as torch CSR when the model uses ``wtw_format='csr'`` (else None).
+    """
+
+    grid: Grid
+    gram: GramStencil
+    wt_y: Tensor
+    wt_one: Tensor
+    yty: Tensor
+    y_sum: Tensor
+    n: int
+    wt_probes: Tensor
+    probe_sq: Tensor
+    gram_csr: Tensor | None = None
+
+
+def _chunks(data, chunk_size: int):
+    """(x, y) float64 tensor chunks from a pair of arrays/tensors/memmaps or an iterable."""
+    if isinstance(data, tuple) and len(data) == 2 and hasattr(data[0], "shape"):
+        x, y = data
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]}")
+        for start in range(0, x.shape[0], chunk_size):
+            yield _as_f64(x[start:start + chunk_size]), _as_f64(y[start:start + chunk_size])
+        return
+    for x, y in data:
+        yield _as_f64(x), _as_f64(y)
+
+
+def _as_f64(a) -> Tensor:
+    if isinstance(a, np.ndarray):
+        return torch.from_numpy(np.asarray(a, dtype=np.float64))
+    return a.detach().to(_F64)
+
+
+def sufficient_statistics(data, grid: Grid, *, num_probes: int = 16, seed: int = 0,
+                          chunk_size: int = 100_000) -> SufficientStatistics:
+    """WᵀW, Wᵀy, Wᵀ1, yᵀy, Σy, n and probe sketches Wᵀz in one pass over ``data`` (float64).
+
+    Args:
+        data: ``(x, y)`` tensors or arrays (NumPy memmaps are read chunk by chunk), or any
+            iterable of ``(x_chunk, y_chunk)`` (e.g. :class:`gpscale.data.synthetic.FieldStream`).
+        grid: fixed grid; every point must lie in ``grid.bounds()`` (else ValueError).
+        num_probes: p Rademacher probes for the log-determinant (drawn chunk by chunk from
+            ``seed``; WᵀW, Wᵀy, yᵀy, n do not depend on the chunking, the probes do).
+        chunk_size: rows per chunk for array input.
+
+    Cost: O(n (16^d + (p + 2) 4^d)) time (cubic), O(chunk · 16^d) transient memory.
+    """
+    acc = StatisticsAccumulator(grid, num_probes)
+    generator = torch.Generator().manual_seed(seed)
+    for x, y in _chunks(data, chunk_size):
+        check_xy(x, y.reshape(-1))
+        y = y.reshape(-1)
+        probes = (rademacher(y.shape[0], num_probes, dtype=_F64, generator=generator)
+                  if num_probes else None)
+        acc.add(x, y, probes)
+    return acc.result("no data: the chunks were empty")
+
+
+class StatisticsAccumulator:
+    """Running sums of :class:`SufficientStatistics` over chunks of (x, y) in float64."""
+
+    def __init__(self, grid: Grid, num_probes: int):
+        m = grid.num_points
+        self.grid, self.num_probes = grid, num_probes
+        self.gram = GramStencil.zeros(grid.sizes, grid.support)
+        self.pairs = pair_offsets(grid.support, grid.num_dims)
+        self.wt_y, self.wt_one = torch.zeros(m, dtype=_F64), torch.zeros(m, dtype=_F64)
+        self.wt_probes = torch.zeros(m, num_probes, dtype=_F64)
+        self.yty, self.y_sum, self.n = torch.zeros((), dtype=_F64), torch.zeros((), dtype=_F64), 0
+
+    def add(self, x: Tensor, y: Tensor, probes: Tensor | None) -> None:
+        """Add a chunk: x (b, d), y (b,), probes (b, p) or None (p = 0)."""
+        rows = interpolate(self.grid, x)
+        self.gram.add_(rows, self.pairs)
+        self.wt_y += rows.rmatmul(y)
+        self.wt_one += rows.rmatmul(torch.ones_like(y))
+        if probes is not None:
+            self.wt_probes += rows.rmatmul(probes)
+        self.yty, self.y_sum, self.n = self.yty + y @ y, self.y_sum + y.sum(), self.n + y.shape[0]
+
+    def result(self, empty_message: str) -> SufficientStatistics:
+        """The statistics; ValueError(empty_message) when no rows were added."""
+        if self.n == 0:
+            raise ValueError(empty_message)
+        return SufficientStatistics(self.grid, self.gram, self.wt_y, self.wt_one, self.yty,
+                                    self.y_sum, self.n, self.wt_probes,
+                                    torch.full((self.num_probes,), float(self.n), dtype=_F64))
+
+
+def grid_options(num_dims: int, init, grid_size, grid_bounds, grid_margin: float,
+                  interpolation: str) -> dict[str, Any]:
+    """Resolve the grid: sizes per dimension and the box [lower, upper] it pads around."""
+    if num_dims > MAX_DIMS:
+        raise ValueError(f"ski/ggp build a grid of m = Π_j m_j points, exponential in the input "
+                         f"dimension; d = {num_dims} > {MAX_DIMS} is impractical. Use a method "
+                         "for higher dimensions: 'softki', 'svgp', 'sgpr' or 'cagp-opt'.")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {interpolation!r}; valid: "
+                         f"{', '.join(INTERPOLATIONS)}")
+    sizes = grid_size if grid_size is not None else DEFAULT_GRID_SIZE[num_dims]
+    sizes = ([int(sizes)] * num_dims if isinstance(sizes, int | float)
+             else [int(s) for s in sizes])
+    if len(sizes) != num_dims:
+        raise ValueError(f"grid_size needs 1 or {num_dims} entries; got {len(sizes)}")
+    if grid_bounds is not None:
+        lower, upper = ([float(v) for v in b] for b in grid_bounds)
+    elif init is not None:
+        x = init[0].detach().to(_F64)
+        lo, hi = x.min(0).values, x.max(0).values
+        span = torch.clamp_min(hi - lo, 1e-6)
+        lower = (lo - grid_margin * span).tolist()
+        upper = (hi + grid_margin * span).tolist()
+    else:
+        raise ValueError("ski/ggp need grid_bounds=(lower, upper) when init is None")
+    if len(lower) != num_dims or len(upper) != num_dims:
+        raise ValueError(f"grid_bounds needs (lower, upper) with {num_dims} entries each")
+    make_grid(lower, upper, sizes, interpolation)  # validates
+    return {"grid_size": sizes, "grid_lower": lower, "grid_upper": upper,
+            "interpolation": interpolation}
