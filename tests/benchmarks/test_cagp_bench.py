@@ -77,3 +77,16 @@ def test_a_failing_run_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
     assert rows[0]["stopped"] == "failed in epoch 2" and rows[0]["epochs"] == 1
     assert rows[1]["method"] == "sgpr" and rows[1]["test_nll"] is not None
     assert "failed in epoch 2" in (tmp_path / "report.md").read_text()
+
+
+def test_datasets_pick_the_parts_to_run(tmp_path, monkeypatch):
+    """``--datasets parkinsons`` skips the memory sweep; ``--datasets memory`` runs only it."""
+    calls = []
+    monkeypatch.setattr(cagp, "memory_rows", lambda ns, i: calls.append("memory") or [])
+    monkeypatch.setattr(cagp, "plan", lambda quick, datasets: calls.append(datasets) or [])
+    cagp.run(tmp_path, quick=True, datasets=("parkinsons",))
+    assert calls == [("parkinsons",)]
+    calls.clear()
+    cagp.run(tmp_path, quick=True, datasets=("memory",))
+    assert calls == ["memory"]
+    assert "Peak memory" not in (tmp_path / "report.md").read_text()  # the sweep returned []

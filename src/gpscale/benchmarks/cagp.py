@@ -122,12 +122,19 @@ def _spec(entry: Entry, quick: bool) -> RunSpec:
 
 def run(out_dir: Path, *, quick: bool = False,
         datasets: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """Run the plan (or only ``datasets``) and the memory sweep; report into ``out_dir``."""
+    """Run the plan and the memory sweep; report into ``out_dir``.
+
+    ``datasets`` picks parts: dataset names and/or ``"memory"`` (the sweep); ``None`` runs all.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    memory = memory_rows((2_000, 4_000) if quick else MEMORY_NS, 64 if quick else NUM_ACTIONS)
+    memory = []
+    if datasets is None or "memory" in datasets:
+        memory = memory_rows((2_000, 4_000) if quick else MEMORY_NS,
+                             64 if quick else NUM_ACTIONS)
+    names = None if datasets is None else tuple(d for d in datasets if d != "memory")
     rows, curves = [], []
-    for entry in plan(quick, datasets):
+    for entry in (plan(quick, names) if names != () else []):
         log.info("cagp: %s on %s", entry.label, entry.dataset)
         paper = PAPER_NLL.get(entry.dataset) if entry.method == "cagp-opt" else None
         info = {"dataset": entry.dataset, "method": entry.method, "optimizer": entry.optimizer,
@@ -151,9 +158,11 @@ def run(out_dir: Path, *, quick: bool = False,
         label = {"dataset": entry.dataset, "method": entry.label}
         curves += curve_rows(label, result.history.rows, CURVE_METRICS)
     _write_curves(out_dir, curves)
-    notes = _notes(quick) + "\n\n## Peak memory of one CaGP-Opt step\n\n" + markdown_table(
-        memory, columns=("n", "num_actions", "peak_mb", "mb_per_1k_points", "seconds",
-                         "dense_kernel_mb"))
+    notes = _notes(quick)
+    if memory:
+        notes += "\n\n## Peak memory of one CaGP-Opt step\n\n" + markdown_table(
+            memory, columns=("n", "num_actions", "peak_mb", "mb_per_1k_points", "seconds",
+                             "dense_kernel_mb"))
     write_results(out_dir, "cagp", rows, columns=COLUMNS, notes=notes)
     return rows
 
