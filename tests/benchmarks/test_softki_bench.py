@@ -42,3 +42,23 @@ def test_full_plan_follows_the_paper():
 def test_unknown_dataset_raises(tmp_path):
     with pytest.raises(ValueError, match="kin40k"):
         softki.run(tmp_path, datasets=("song",))
+
+
+def test_a_failing_run_is_recorded_and_the_suite_goes_on(data_root, tmp_path, monkeypatch):
+    """A run that stops with NonFiniteLossError gives a row saying so; the others still run."""
+    from gpscale.errors import NonFiniteLossError
+
+    monkeypatch.setenv("GPSCALE_DATA", str(data_root))
+    real_run = softki.runner.run
+
+    def softki_fails(spec):
+        if spec.method == "softki":
+            raise NonFiniteLossError("Cholesky of SoftKI K_zz failed", epoch=3, history=None)
+        return real_run(spec)
+
+    monkeypatch.setattr(softki.runner, "run", softki_fails)
+    rows = softki.run(tmp_path, quick=True)
+    assert rows[0]["stopped"] == "failed in epoch 3" and rows[0]["epochs"] == 2
+    assert rows[0]["test_rmse"] is None and rows[0]["time_vs_svgp512"] is None
+    assert all(math.isfinite(r["test_rmse"]) for r in rows[1:])
+    assert "failed in epoch 3" in (tmp_path / "report.md").read_text()

@@ -137,6 +137,24 @@ def test_kernel_entries_bounded_by_Kzz_and_psd():
     assert float(eig.min()) > -1e-10 * float(eig.max())
 
 
+def test_float32_model_builds_K_zz_from_float64_points():
+    """K_zz (and its Cholesky factor) come from float64 points even when the model is float32.
+
+    In float32 the distance expansion loses ~ε‖z/ℓ‖² per entry; with learned points and a short
+    lengthscale in 27 dimensions (KEGGu) that made K_zz indefinite beyond what jitter repairs.
+    """
+    x, y = _data(d=27)
+    model = _model(x, y, lengthscale=0.3, noise=1e-3).float()
+    with torch.no_grad():
+        state = model.condition(x.float(), y.float())
+        z = model.inducing_points.double()
+        K64 = kernel_matrix(model.kernel, z, z)
+    assert state.K_zz.dtype == torch.float32
+    torch.testing.assert_close(state.K_zz, K64.float(), rtol=0, atol=0)
+    torch.testing.assert_close((state.chol_zz.mT @ state.chol_zz).double(), K64, rtol=0,
+                               atol=1e-5)
+
+
 # --- posterior: QR = Woodbury = dense (§6.4–6.6) ------------------------------------------------
 
 def test_qr_factor_is_the_capacitance_cholesky():

@@ -33,8 +33,8 @@ from gpscale.training import (
     resolve_fit_config,
 )
 
-__all__ = ["RunSpec", "RunResult", "run", "load_data", "predict_test", "write_outputs",
-           "write_partial"]
+__all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_test",
+           "write_outputs", "write_partial"]
 
 log = logging.getLogger("gpscale.benchmarks")
 
@@ -164,6 +164,20 @@ def run(spec: RunSpec) -> RunResult:
     if spec.out is not None:
         write_outputs(spec, metrics, history, model, data, (x, y))
     return RunResult(metrics, history, model, data)
+
+
+def run_metrics(spec: RunSpec) -> dict[str, Any]:
+    """``run(spec).metrics``, or for a run that failed (NonFiniteLossError) a row saying so.
+
+    For benchmark suites: a diverged run is a result, and the suite goes on with the next one.
+    The failure row has ``dataset``, ``method``, ``epochs`` (completed) and ``stopped``.
+    """
+    try:
+        return run(spec).metrics
+    except NonFiniteLossError as err:
+        log.warning("%s on %s stopped: %s", spec.method, spec.dataset, err)
+        return {"dataset": spec.dataset, "method": spec.method, "epochs": err.epoch - 1,
+                "stopped": f"failed in epoch {err.epoch}"}
 
 
 def _noise(pred: Predictive) -> float | None:

@@ -92,14 +92,19 @@ def run(out_dir: Path, *, quick: bool = False,
     ``quick=True``: Elevators only, 1 epoch, 32 points per method, k-means on 1000 rows (a
     smoke test).
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for dataset, label, spec in _plan(quick, datasets):
         log.info("softki suite: %s on %s", label, dataset)
-        metrics = runner.run(spec).metrics
+        metrics = runner.run_metrics(spec)  # a failed run gives a row that says so
         row = {**metrics, "label": label, "num_inducing": spec.options["num_inducing"],
                "paper_rmse": PAPER_RMSE[dataset].get(label),
                "paper_time_per_epoch_s": PAPER_TIME[dataset].get(label)}
         rows.append({k: row.get(k) for k in COLUMNS})
+        _report(out_dir, rows, quick)  # after every run: a later crash loses nothing
+    return rows
+
+
+def _report(out_dir: Path, rows: list[dict[str, Any]], quick: bool) -> None:
     _add_speed_ratios(rows)
     cap = "none" if quick or MAX_TIME is None else f"{MAX_TIME:.0f} s"
     notes = ("SoftKI (notes/003) against GPyTorch SGPR/SVGP, split 0, seed 0, RBF kernel with one "
@@ -110,7 +115,6 @@ def run(out_dir: Path, *, quick: bool = False,
              + (" QUICK smoke run: 1 epoch, m = 32; not comparable with the paper." if quick
                 else ""))
     write_results(out_dir, "softki", rows, columns=COLUMNS, notes=notes)
-    return rows
 
 
 def _add_speed_ratios(rows: list[dict[str, Any]]) -> None:
@@ -118,4 +122,5 @@ def _add_speed_ratios(rows: list[dict[str, Any]]) -> None:
     reference = {r["dataset"]: r["time_per_epoch_s"] for r in rows if r["label"] == "SVGP-512"}
     for r in rows:
         ref = reference.get(r["dataset"])
-        r["time_vs_svgp512"] = None if not ref else r["time_per_epoch_s"] / ref
+        per_epoch = r["time_per_epoch_s"]
+        r["time_vs_svgp512"] = None if not ref or per_epoch is None else per_epoch / ref

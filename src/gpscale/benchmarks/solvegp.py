@@ -92,7 +92,12 @@ def run(out_dir: Path, *, quick: bool = False,
                        options={"kernel": "matern32", "ard": True, **options},
                        batch_size=BATCH_SIZE, lr=LR, optimizer="adam", dtype="float32",
                        eval_every=0, progress=False, **overrides)
-        rows.append(_row(runner.run(spec).metrics, label, options))
+        rows.append(_row(runner.run_metrics(spec), label, options))  # failures give a row
+        _report(out_dir, rows)  # after every run: a later crash loses nothing
+    return rows
+
+
+def _report(out_dir: Path, rows: list[dict[str, Any]]) -> None:
     _add_time_ratios(rows)
     notes = (f"Split 0, Adam lr {LR}, batch {BATCH_SIZE}, float32, Matérn-3/2 ARD. Each "
              f"regression run trains {EPOCHS} epochs or {MAX_TIME:.0f} s, whichever ends first "
@@ -101,15 +106,16 @@ def run(out_dir: Path, *, quick: bool = False,
              "(paper's test LL = −test_nll). time_per_iter_s = training time / minibatch steps; "
              "iter_time_vs_svgp_2m divides it by SVGP(2M)'s on the same dataset.")
     write_results(out_dir, "solvegp", rows, columns=COLUMNS, notes=notes)
-    return rows
 
 
 def _row(metrics: dict[str, Any], label: str, options: dict[str, int]) -> dict[str, Any]:
-    steps = metrics["epochs"] * math.ceil(metrics["n_train"] / BATCH_SIZE)
+    per_iter = None
+    if "train_time_s" in metrics:  # not for a failed run
+        steps = metrics["epochs"] * math.ceil(metrics["n_train"] / BATCH_SIZE)
+        per_iter = metrics["train_time_s"] / max(steps, 1)
     return {**{k: metrics.get(k) for k in COLUMNS}, "method": label,
             "num_inducing": options["num_inducing"],
-            "num_orthogonal": options.get("num_orthogonal", 0),
-            "time_per_iter_s": metrics["train_time_s"] / max(steps, 1)}
+            "num_orthogonal": options.get("num_orthogonal", 0), "time_per_iter_s": per_iter}
 
 
 def _add_time_ratios(rows: list[dict[str, Any]]) -> None:
@@ -119,4 +125,5 @@ def _add_time_ratios(rows: list[dict[str, Any]]) -> None:
         if not svgps:
             continue
         ref = max(svgps, key=lambda r: r["num_inducing"])["time_per_iter_s"]
-        row["iter_time_vs_svgp_2m"] = row["time_per_iter_s"] / ref if ref else None
+        own = row["time_per_iter_s"]
+        row["iter_time_vs_svgp_2m"] = own / ref if ref and own is not None else None

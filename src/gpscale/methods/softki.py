@@ -243,8 +243,11 @@ class SoftKI(Method):
             raise ValueError(f"probes must be (n, L) with n = {x.shape[0]}; got "
                              f"{tuple(probes.shape)}")
         W = self.weights(x, z)  # (n, m), Eq. 17
-        K = kernel_matrix(self.kernel, z, z)  # (m, m)
-        U = as_dtype(safe_cholesky(upcast(K), name="SoftKI K_zz").mT, K)  # UᵀU = K_zz
+        # K_zz from float64 points: in float32 the distance expansion can make it indefinite
+        # beyond what jitter repairs (learned points, small lengthscale, d = 27 on KEGGu).
+        K64 = kernel_matrix(self.kernel, upcast(z), upcast(z))  # (m, m)
+        K = as_dtype(K64, z)
+        U = as_dtype(safe_cholesky(K64, name="SoftKI K_zz").mT, z)  # UᵀU = K_zz
         noise = self.noise
         rhs = torch.cat([r[:, None], probes.to(r.dtype)], 1)  # (n, L + 1)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.objective == "mll"):
