@@ -39,6 +39,26 @@ def test_full_plan_follows_the_paper():
         assert spec.options["num_inducing"] == int(label.split("-")[1])
 
 
+def test_runs_pick_labels_in_plan_order():
+    plan = list(softki._plan(False, ("bike", "protein"), ("SVGP-512", "SoftKI-512")))
+    assert [(d, label) for d, label, _ in plan] == [
+        ("bike", "SoftKI-512"), ("bike", "SVGP-512"),
+        ("protein", "SoftKI-512"), ("protein", "SVGP-512")]
+
+
+def test_unknown_run_label_raises(tmp_path):
+    with pytest.raises(ValueError, match="SoftKI-512, SGPR-512"):
+        softki.run(tmp_path, runs=("SVGP-2048",))
+
+
+def test_suites_without_labelled_runs_refuse_runs(tmp_path):
+    from gpscale.benchmarks.registry import run_suite
+
+    with pytest.raises(ValueError, match="no labelled runs"):
+        run_suite("solvegp", tmp_path, runs=("SVGP-256",))
+    assert not any(tmp_path.iterdir())  # refused before writing anything
+
+
 def test_unknown_dataset_raises(tmp_path):
     with pytest.raises(ValueError, match="kin40k"):
         softki.run(tmp_path, datasets=("song",))

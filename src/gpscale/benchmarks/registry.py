@@ -7,6 +7,7 @@ A suite's ``run(out_dir, quick=...)`` trains and measures, writes ``results.csv`
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,16 +51,23 @@ SUITES: dict[str, Suite] = {
 
 
 def run_suite(name: str, out_dir: str | Path, *, quick: bool = False,
-              datasets: tuple[str, ...] | None = None) -> Path:
+              datasets: tuple[str, ...] | None = None,
+              runs: tuple[str, ...] | None = None) -> Path:
     """Run suite ``name`` into ``out_dir``; returns the path of its ``report.md``.
 
-    ``datasets`` restricts a suite that runs on several datasets to those named.
+    ``datasets`` restricts a suite that runs on several datasets to those named; ``runs``
+    restricts a suite with labelled runs (``softki``) to those labels.
     """
     if name not in SUITES:
         raise ValueError(f"unknown benchmark suite {name!r}; valid suites: "
                          f"{', '.join(SUITES)}")
+    runner = SUITES[name].runner()
+    if runs and "runs" not in inspect.signature(runner).parameters:
+        raise ValueError(f"suite {name!r} has no labelled runs to choose from (--runs)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     extra = {"datasets": datasets} if datasets else {}
-    SUITES[name].runner()(out, quick=quick, **extra)
+    if runs:
+        extra["runs"] = runs
+    runner(out, quick=quick, **extra)
     return out / "report.md"

@@ -66,14 +66,20 @@ COLUMNS = ("dataset", "label", "method", "num_inducing", "n_train", "num_dims", 
            "test_nll", "paper_rmse", "paper_time_per_epoch_s", "noise")
 
 
-def _plan(quick: bool, datasets: tuple[str, ...] | None):
-    """(dataset, label, RunSpec) of every run, in order."""
+def _plan(quick: bool, datasets: tuple[str, ...] | None, runs: tuple[str, ...] | None = None):
+    """(dataset, label, RunSpec) of every run (or of the labels in ``runs``), in order."""
     datasets = datasets or ((QUICK["dataset"],) if quick else DATASETS)
     unknown = set(datasets) - set(DATASETS)
     if unknown:
         raise ValueError(f"softki runs on {', '.join(DATASETS)}; got {sorted(unknown)}")
+    labels = [label for label, *_ in PLAN]
+    unknown = set(runs or ()) - set(labels)
+    if unknown:
+        raise ValueError(f"softki's runs are {', '.join(labels)}; got {sorted(unknown)}")
     for dataset in datasets:
         for label, method, options, overrides in PLAN:
+            if runs and label not in runs:
+                continue
             options = {"kernel": "rbf", "ard": False, **options}
             if quick:
                 options.update(num_inducing=QUICK["num_inducing"],
@@ -85,15 +91,16 @@ def _plan(quick: bool, datasets: tuple[str, ...] | None):
             yield dataset, label, spec
 
 
-def run(out_dir: Path, *, quick: bool = False,
-        datasets: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """Run every (dataset, method) of the plan (or only ``datasets``); report into ``out_dir``.
+def run(out_dir: Path, *, quick: bool = False, datasets: tuple[str, ...] | None = None,
+        runs: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """Run every (dataset, method) of the plan (or only ``datasets`` / the labels in ``runs``);
+    report into ``out_dir``.
 
     ``quick=True``: Elevators only, 1 epoch, 32 points per method, k-means on 1000 rows (a
     smoke test).
     """
     rows: list[dict[str, Any]] = []
-    for dataset, label, spec in _plan(quick, datasets):
+    for dataset, label, spec in _plan(quick, datasets, runs):
         log.info("softki suite: %s on %s", label, dataset)
         metrics = runner.run_metrics(spec)  # a failed run gives a row that says so
         row = {**metrics, "label": label, "num_inducing": spec.options["num_inducing"],

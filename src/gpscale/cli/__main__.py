@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="output folder (default runs/bench-SUITE)")
     bench.add_argument("--quick", action="store_true", help="a small smoke-test version")
     bench.add_argument("--datasets", help="comma-separated subset of the suite's datasets")
+    bench.add_argument("--runs", help="comma-separated subset of the suite's run labels, e.g. "
+                       "SoftKI-512,SVGP-512 (suites with labelled runs: softki)")
 
     ds = sub.add_parser("datasets", help="list datasets, or download one")
     ds_sub = ds.add_subparsers(dest="action")
@@ -167,10 +169,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(f"{name:12s} {suite.summary}")
         return 0
     datasets = tuple(args.datasets.split(",")) if args.datasets else None
+    runs = tuple(args.runs.split(",")) if args.runs else None
     # Suites run for minutes to hours: say which run starts when, even without --verbose.
     logging.getLogger("gpscale.benchmarks").setLevel(logging.INFO)
     report = run_suite(args.suite, args.out or f"runs/bench-{args.suite}", quick=args.quick,
-                       datasets=datasets)
+                       datasets=datasets, runs=runs)
     print(report.read_text())
     return 0
 
