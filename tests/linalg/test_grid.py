@@ -9,6 +9,7 @@ from gpscale.kernels import make_kernel
 from gpscale.linalg.factorized import factorized_cg, span_cg, span_lanczos
 from gpscale.linalg.grid import (
     GramStencil,
+    cell_blocks,
     grid_kernel,
     interpolate,
     keys_cubic,
@@ -239,3 +240,39 @@ def test_theorem1_identities_dense():
     logdet_n = torch.linalg.slogdet(Kt)[1]
     logdet_m = torch.linalg.slogdet(A)[1] + (n - m) * torch.log(torch.tensor(s2, dtype=F64))
     torch.testing.assert_close(logdet_m, logdet_n, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("max_group", [1, 3, 64])
+def test_cell_blocks_sum_to_the_per_point_outer_products(max_group):
+    """Groups sharing a first node: Σ of their blocks per node = Σ_i w_i w_iᵀ of its points."""
+    grid = make_grid([0.0] * 3, [1.0] * 3, [7, 6, 8])
+    x = 0.1 + 0.4 * _points(300, 3)  # clustered: many points per cell, groups get cut at T
+    rows = interpolate(grid, x)
+    S = rows.weight.shape[1]
+    expected = torch.zeros(grid.num_points, S, S, dtype=F64)
+    expected.index_add_(0, rows.index[:, 0], rows.weight[:, :, None] * rows.weight[:, None, :])
+    got = torch.zeros_like(expected)
+    batches = list(cell_blocks(rows, max_group=max_group, max_entries=2 * S * S))
+    assert len(batches) > 1  # several batches of at most 2 groups
+    for cells, blocks in batches:
+        assert blocks.shape[0] <= 2
+        got.index_add_(0, cells, blocks)
+    torch.testing.assert_close(got, expected, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("buffer", [0, None], ids=["direct", "cell-buffer"])
+def test_statistics_accumulator_gram_is_dense_WtW(buffer):
+    """Per-cell buffer or direct scatter, over several chunks: the stencil equals dense WᵀW."""
+    from gpscale.methods._ski_parts import StatisticsAccumulator
+
+    grid = make_grid([0.0] * 3, [1.0] * 3, [7, 6, 8])
+    x = torch.cat([_points(150, 3), 0.4 + 0.05 * _points(150, 3, seed=2)])
+    y = x.sum(1)
+    acc = StatisticsAccumulator(grid, 0, cell_buffer_bytes=buffer)
+    assert (acc.cell_sums is None) == (buffer == 0)
+    for part in torch.arange(300).split(70):
+        acc.add(x[part], y[part], None)
+    W = interpolate(grid, x).to_dense()
+    stats = acc.result("empty")
+    torch.testing.assert_close(stats.gram.to_dense(), W.T @ W, rtol=0, atol=1e-12)
+    torch.testing.assert_close(acc.result("empty").gram.to_dense(), W.T @ W, rtol=0, atol=1e-12)

@@ -43,8 +43,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "INTERPOLATIONS", "PROFILES", "Grid", "GridKernel", "GramStencil", "Interpolation",
-    "grid_kernel", "interpolate", "keys_cubic", "make_grid", "pair_offsets",
+    "INTERPOLATIONS", "MAX_GROUP", "PROFILES", "Grid", "GridKernel", "GramStencil",
+    "Interpolation", "cell_blocks", "grid_kernel", "interpolate", "keys_cubic", "make_grid", "pair_offsets",
 ]
 
 INTERPOLATIONS = {"cubic": 4, "linear": 2}
@@ -239,6 +239,44 @@ def pair_offsets(support: int, num_dims: int) -> Tensor:
     return (diff * powers).sum(-1)
 
 
+MAX_GROUP = 64
+"""Most points per group in :func:`cell_blocks` (the padded batch's middle dimension)."""
+
+
+def cell_blocks(rows: Interpolation, *, max_group: int = MAX_GROUP, max_entries: int = 2**22):
+    """Yield ``(cells, blocks)``: Σ w_i w_iᵀ (S × S) over groups of points sharing a first node.
+
+    The points are sorted by their first node (index column 0); each run of equal nodes is cut
+    into groups of at most T points, T = min(``max_group``, the mean points per occupied node
+    rounded up), each group is zero-padded to T rows and the groups' Gram matrices are one
+    batched product (G, S, T) @ (G, T, S). Batches hold at most ``max_entries`` S × S entries.
+    A node may appear in several groups (and batches); the sums over them are the caller's.
+    """
+    base, weight = rows.index[:, 0], rows.weight
+    n, S = weight.shape
+    if n == 0:
+        return
+    order = torch.argsort(base)
+    base, weight = base[order], weight[order]
+    new_cell = torch.ones(n, dtype=torch.bool, device=base.device)
+    new_cell[1:] = base[1:] != base[:-1]
+    cell_start = torch.nonzero(new_cell)[:, 0]
+    T = max(1, min(max_group, -(-n // cell_start.numel())))
+    rank = torch.arange(n, device=base.device) - cell_start[torch.cumsum(new_cell, 0) - 1]
+    new_group = new_cell | (rank % T == 0)
+    group_start = torch.nonzero(new_group)[:, 0]
+    group_id = torch.cumsum(new_group, 0) - 1
+    position = torch.arange(n, device=base.device) - group_start[group_id]
+    bounds = torch.cat([group_start, group_start.new_tensor([n])])
+    per_batch = max(1, max_entries // (S * S))
+    for g0 in range(0, group_start.numel(), per_batch):
+        g1 = min(g0 + per_batch, group_start.numel())
+        lo, hi = int(bounds[g0]), int(bounds[g1])
+        padded = weight.new_zeros(g1 - g0, T, S)
+        padded[group_id[lo:hi] - g0, position[lo:hi]] = weight[lo:hi]
+        yield base[group_start[g0:g1]], padded.mT @ padded
+
+
 @dataclass(frozen=True)
 class GramStencil:
     """WᵀW (m, m) as a stencil: ``coef[g, i, c] = (WᵀW)[i, i + off(g, c)]``.
@@ -307,24 +345,43 @@ class GramStencil:
             return coo.to_sparse_csr()
 
     def add_(self, rows: Interpolation, pairs: Tensor, block: int = 0) -> GramStencil:
-        """Accumulate Σ_i w_i w_iᵀ of ``rows`` in place (float64), in blocks of points.
+        """Accumulate Σ_i w_i w_iᵀ of ``rows`` in place (float64).
 
-        ``pairs`` is :func:`pair_offsets`; each point adds its S² products (S = s^d): O(n S²).
+        ``pairs`` is :func:`pair_offsets`. Points are grouped by their first node (the cell
+        they lie in: all its points share the S = s^d target entries, shifted by the cell), the
+        S × S sums of each group are batched matrix products (:func:`cell_blocks`), and one
+        scatter-add per group puts them into the stencil: O(n S²) flops but only S² scattered
+        values per group of up to 64 points instead of S² per point. ``block`` caps the groups
+        per batch (default: 2²² S × S entries per batch).
         """
-        m, S = self.num_grid, rows.index.shape[1]
-        block = block or max(1, 2**22 // (S * S))
-        flat = self.coef.view(-1)  # index = ((g q + c) ... ) see below
-        q = 2 * self.support - 1
-        # The stencil id p = g q + c (c the last-dimension offset) lives at coef[g, i, c]:
-        # flat position (g m + i) q + c.
-        g, c = pairs // q, pairs % q  # (S, S)
-        for start in range(0, rows.index.shape[0], block):
-            idx = rows.index[start:start + block]  # (b, S)
-            w = rows.weight[start:start + block]
-            target = (g[None] * m + idx[:, :, None]) * q + c[None]  # (b, S, S)
-            vals = w[:, :, None] * w[:, None, :]
-            flat.index_add_(0, target.reshape(-1), vals.reshape(-1))
+        for cells, blocks in cell_blocks(rows, max_entries=block * pairs.numel() or 2**22):
+            self.add_blocks_(cells, blocks, pairs)
         return self
+
+    def add_blocks_(self, cells: Tensor, blocks: Tensor, pairs: Tensor) -> GramStencil:
+        """Add (S, S) blocks B_c = Σ_{i in c} w_i w_iᵀ of points whose first node is ``cells``.
+
+        ``cells`` (u,) may repeat; ``blocks`` (u, S, S) float64.
+        """
+        q = 2 * self.support - 1
+        target = (cells * q)[:, None] + self._block_targets(pairs).reshape(1, -1)
+        self.coef.view(-1).index_add_(0, target.reshape(-1), blocks.reshape(-1))
+        return self
+
+    def _block_targets(self, pairs: Tensor) -> Tensor:
+        """(S, S) flat coef position of local pair (a, b) for a point whose first node is 0.
+
+        The pair's stencil id p = g q + c (c the last-dimension offset) is stored at
+        coef[g, i, c], flat position (g m + i) q + c with i = local[a] the pair's row node;
+        a point with first node k adds k q to every position.
+        """
+        m, q = self.num_grid, 2 * self.support - 1
+        d, s = len(self.sizes), self.support
+        strides = [math.prod(self.sizes[j + 1:]) for j in range(d)]
+        local = torch.cartesian_prod(*[torch.arange(s)] * d).reshape(-1, d) \
+            @ torch.tensor(strides)  # (S,) linear offset of each local node from the first
+        g, c = pairs // q, pairs % q
+        return (g * m + local[:, None].to(pairs.device)) * q + c
 
     @classmethod
     def zeros(cls, sizes: Sequence[int], support: int, device=None) -> GramStencil:

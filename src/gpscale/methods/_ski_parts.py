@@ -19,6 +19,7 @@ from gpscale.linalg.grid import (
     INTERPOLATIONS,
     GramStencil,
     Grid,
+    cell_blocks,
     interpolate,
     make_grid,
     pair_offsets,
@@ -26,11 +27,14 @@ from gpscale.linalg.grid import (
 from gpscale.linalg.ops import rademacher
 from gpscale.validation import check_xy
 
-__all__ = ["DEFAULT_GRID_SIZE", "MAX_DIMS", "StatisticsAccumulator", "SufficientStatistics",
+__all__ = ["CELL_BUFFER_BYTES", "DEFAULT_GRID_SIZE", "MAX_DIMS", "StatisticsAccumulator", "SufficientStatistics",
            "grid_options", "sufficient_statistics"]
 
 MAX_DIMS = 3
 DEFAULT_GRID_SIZE = {1: 1024, 2: 100, 3: 32}
+CELL_BUFFER_BYTES = 6 * 2**30
+"""Largest per-cell buffer (m S² float64, S = s^d) :class:`StatisticsAccumulator` keeps; beyond
+it the chunks scatter into the stencil directly."""
 _F64 = torch.float64
 
 
@@ -103,13 +107,24 @@ def sufficient_statistics(data, grid: Grid, *, num_probes: int = 16, seed: int =
 
 
 class StatisticsAccumulator:
-    """Running sums of :class:`SufficientStatistics` over chunks of (x, y) in float64."""
+    """Running sums of :class:`SufficientStatistics` over chunks of (x, y) in float64.
 
-    def __init__(self, grid: Grid, num_probes: int):
-        m = grid.num_points
+    WᵀW is summed per cell first: an (m, S, S) buffer (S = s^d) holds Σ w_i w_iᵀ of the points
+    whose first node is each grid node, added to by rows (:func:`cell_blocks`), and is scattered
+    into the stencil once, by :meth:`result`. Per chunk that costs S² scattered values per
+    occupied cell instead of per point (at n = 10⁷, d = 3 about 200 points share a cell). The
+    buffer is allocated lazily (untouched pages cost nothing) and used only when it fits in
+    ``cell_buffer_bytes``; otherwise each chunk scatters into the stencil itself.
+    """
+
+    def __init__(self, grid: Grid, num_probes: int, *, cell_buffer_bytes: int | None = None):
+        m, S = grid.num_points, grid.support ** grid.num_dims
+        limit = CELL_BUFFER_BYTES if cell_buffer_bytes is None else cell_buffer_bytes
         self.grid, self.num_probes = grid, num_probes
         self.gram = GramStencil.zeros(grid.sizes, grid.support)
         self.pairs = pair_offsets(grid.support, grid.num_dims)
+        self.cell_sums = torch.zeros(m, S, S, dtype=_F64) if m * S * S * 8 <= limit else None
+        self.touched = torch.zeros(m, dtype=torch.bool)
         self.wt_y, self.wt_one = torch.zeros(m, dtype=_F64), torch.zeros(m, dtype=_F64)
         self.wt_probes = torch.zeros(m, num_probes, dtype=_F64)
         self.yty, self.y_sum, self.n = torch.zeros((), dtype=_F64), torch.zeros((), dtype=_F64), 0
@@ -117,17 +132,34 @@ class StatisticsAccumulator:
     def add(self, x: Tensor, y: Tensor, probes: Tensor | None) -> None:
         """Add a chunk: x (b, d), y (b,), probes (b, p) or None (p = 0)."""
         rows = interpolate(self.grid, x)
-        self.gram.add_(rows, self.pairs)
+        if self.cell_sums is None:
+            self.gram.add_(rows, self.pairs)
+        else:
+            for cells, blocks in cell_blocks(rows):
+                self.cell_sums.index_add_(0, cells, blocks)
+                self.touched[cells] = True
         self.wt_y += rows.rmatmul(y)
         self.wt_one += rows.rmatmul(torch.ones_like(y))
         if probes is not None:
             self.wt_probes += rows.rmatmul(probes)
         self.yty, self.y_sum, self.n = self.yty + y @ y, self.y_sum + y.sum(), self.n + y.shape[0]
 
+    def _flush(self, block: int = 1024) -> None:
+        """Move the per-cell sums into the stencil (touched cells only) and clear them."""
+        if self.cell_sums is None:
+            return
+        cells = torch.nonzero(self.touched)[:, 0]
+        for start in range(0, cells.numel(), block):
+            batch = cells[start:start + block]
+            self.gram.add_blocks_(batch, self.cell_sums[batch], self.pairs)
+            self.cell_sums[batch] = 0
+        self.touched.zero_()
+
     def result(self, empty_message: str) -> SufficientStatistics:
         """The statistics; ValueError(empty_message) when no rows were added."""
         if self.n == 0:
             raise ValueError(empty_message)
+        self._flush()
         return SufficientStatistics(self.grid, self.gram, self.wt_y, self.wt_one, self.yty,
                                     self.y_sum, self.n, self.wt_probes,
                                     torch.full((self.num_probes,), float(self.n), dtype=_F64))
