@@ -50,3 +50,16 @@ def test_peak_memory_reports_child_errors():
 
 def _fail():
     raise ValueError("boom")
+
+
+def test_peak_memory_reports_a_killed_child_instead_of_hanging():
+    """A child that dies without answering (as under the OOM killer) raises with its exit code."""
+    with pytest.raises(RuntimeError, match="exit code -9"):
+        peak_memory_mb(_killed)
+
+
+def _killed():
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -32,3 +32,20 @@ def test_quick_ski_suite_writes_table1_ratios(tmp_path):
 def test_unknown_dataset_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="sine, field3d"):
         ski.run(tmp_path, quick=True, datasets=("protein",))
+
+
+def test_chunked_rows_equal_one_interpolation():
+    """SKI's row blocks give the same W v, Wᵀ u and nonzero count as one Interpolation."""
+    import torch
+
+    from gpscale.linalg.grid import interpolate, make_grid
+
+    grid = make_grid([0.0] * 3, [1.0] * 3, [8, 7, 9])
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(250, 3, generator=g, dtype=torch.float64)
+    whole, blocks = interpolate(grid, x), ski._ChunkedRows(grid, x, chunk=60)
+    assert len(blocks.parts) == 5 and blocks.nonzeros() == int((whole.weight != 0).sum())
+    v = torch.randn(grid.num_points, 2, generator=g, dtype=torch.float64)
+    u = torch.randn(250, 2, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(blocks.matmul(v), whole.matmul(v), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(blocks.rmatmul(u), whole.rmatmul(u), rtol=1e-13, atol=1e-13)

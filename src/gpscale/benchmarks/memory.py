@@ -11,6 +11,7 @@ should use ``torch.cuda.max_memory_allocated`` instead.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue as queue_module
 import resource
 import sys
 from collections.abc import Callable
@@ -75,7 +76,16 @@ def peak_memory_mb(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[f
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(fn, args, kwargs, queue))
     proc.start()
-    status, mb, result = queue.get()
+    while True:  # a child killed outright (e.g. by the OOM killer) never answers: do not hang
+        try:
+            status, mb, result = queue.get(timeout=2.0)
+            break
+        except queue_module.Empty:
+            if not proc.is_alive() and queue.empty():
+                raise RuntimeError(
+                    f"memory measurement of {getattr(fn, '__name__', fn)} failed: its process "
+                    f"died with exit code {proc.exitcode} (a negative code is the signal, "
+                    "e.g. -9 when killed for memory)") from None
     proc.join()
     if status != "ok":
         raise RuntimeError(f"memory measurement of {getattr(fn, '__name__', fn)} failed: {result}")
