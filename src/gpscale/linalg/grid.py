@@ -44,7 +44,8 @@ from torch import Tensor
 
 __all__ = [
     "INTERPOLATIONS", "MAX_GROUP", "PROFILES", "Grid", "GridKernel", "GramStencil",
-    "Interpolation", "cell_blocks", "grid_kernel", "interpolate", "keys_cubic", "make_grid", "pair_offsets",
+    "Interpolation", "cell_blocks", "grid_kernel", "interpolate", "keys_cubic", "make_grid",
+    "pair_offsets",
 ]
 
 INTERPOLATIONS = {"cubic": 4, "linear": 2}

@@ -27,8 +27,8 @@ from gpscale.linalg.grid import (
 from gpscale.linalg.ops import rademacher
 from gpscale.validation import check_xy
 
-__all__ = ["CELL_BUFFER_BYTES", "DEFAULT_GRID_SIZE", "MAX_DIMS", "StatisticsAccumulator", "SufficientStatistics",
-           "grid_options", "sufficient_statistics"]
+__all__ = ["CELL_BUFFER_BYTES", "DEFAULT_GRID_SIZE", "MAX_DIMS", "StatisticsAccumulator",
+           "SufficientStatistics", "grid_options", "sufficient_statistics"]
 
 MAX_DIMS = 3
 DEFAULT_GRID_SIZE = {1: 1024, 2: 100, 3: 32}
