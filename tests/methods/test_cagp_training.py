@@ -138,6 +138,41 @@ def test_float32_adam_training_stays_finite():
     torch.testing.assert_close(loss32.double(), loss64, rtol=1e-4, atol=1e-5)
 
 
+def test_indefinite_float32_gram_falls_back_to_float64_products(monkeypatch):
+    """When float32 K S makes SᵀK̂S indefinite (Parkinsons, Adam epoch 499: float32 distances
+    off by 1e-3 at σ² = 1e-4), condition warns once and uses float64 products from then on:
+    loss, gradients and predictions then match the float64 model, in the float32 dtype."""
+    x, y = toy_data(200)
+    x32, y32 = x.float(), y.float()
+    model = cagp.build_cagp_opt(D, init=(x32, y32), num_actions=20)
+    real = cagp.kernel_times
+
+    def lossy(S, kernel, xk, x_rows, chunk_size, backend):  # float32 products made useless
+        Z = real(S, kernel, xk, x_rows, chunk_size, backend)
+        return Z - 10.0 * S.to_dense() if xk.dtype == torch.float32 and x_rows is None else Z
+
+    monkeypatch.setattr(cagp, "kernel_times", lossy)
+    with pytest.warns(RuntimeWarning, match="float64 from now on"):
+        state = model.condition(x32, y32)
+    assert model.float64_products and state.K_S.dtype == torch.float64
+    loss = model.loss(state)
+    loss.backward()
+    assert loss.dtype == torch.float32
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and g.dtype == torch.float32 and bool(torch.isfinite(g).all())
+               for g in grads)
+    reference = cagp.build_cagp_opt(D, init=(x, y), num_actions=20)
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        loss64 = reference.loss(reference.condition(x, y))
+        torch.testing.assert_close(loss.detach().double(), loss64, rtol=1e-6, atol=1e-6)
+        pred = model.predict(model.condition(x32, y32), x32[:7])  # no second warning
+        pred64 = reference.predict(reference.condition(x, y), x[:7])
+    assert pred.mean.dtype == torch.float32
+    torch.testing.assert_close(pred.mean.double(), pred64.mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pred.variance.double(), pred64.variance, rtol=1e-4, atol=1e-6)
+
+
 def test_lbfgs_float64_training_decreases_loss():
     """L-BFGS in float64 through training.fit lowers the ELBO loss."""
     x, y = toy_data(60)

@@ -26,6 +26,11 @@ Numerics: the i × i matrices G_K, SᵀS, G, their Cholesky factor and solves ar
 Σ_j K_i(x_j, x_j) = Σ_j K_jj − tr(G⁻¹ ZᵀZ) needs only i × i work after one ZᵀZ, which is
 formed in float64 too (O(n i²)): the difference cancels and is divided by σ², so a float32 ZᵀZ
 moves the float32 loss by ~1e-4 per datum on a 200-point problem, float64 by ~1e-6.
+When SᵀK̂S from float32 products is not positive definite (σ² near its floor of 1e-4 with a
+short lengthscale: float32 distances then err by ~1e-3 in D², and K's entrywise errors, summed
+over a block of actions, exceed σ² ‖s_j‖²; Parkinsons at Adam epoch 499), ``condition`` warns
+and computes K S from float64 inputs and actions from then on (``float64_products``); the
+parameters, the loss and the optimiser stay in the training dtype.
 
 Cost per loss: CaGP-Opt ≈ n²/2 kernel evaluations (K S with the symmetric block-sparse product,
 no n × n tensor) + O(n i² + i³); CaGP-CG i CG products with K̂ plus K S, O(n² i). Memory O(n i).
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +59,7 @@ import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive
+from gpscale.errors import NumericalError
 from gpscale.kernels import (
     kernel_block_sparse_matmul,
     kernel_diag,
@@ -160,6 +167,7 @@ class CaGP(Method):
         self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
         self.policy, self.objective, self.num_dims = policy, objective, num_dims
         self.chunk_size, self.backend = chunk_size, backend
+        self.float64_products = False
 
     @property
     def noise(self) -> Tensor:
@@ -175,11 +183,22 @@ class CaGP(Method):
         S = self.policy(lambda V: kernel_matmul(self.kernel, x, x, V, chunk_size=self.chunk_size,
                                                 backend=self.backend) + noise * V, r)
         check_num_points(x.shape[0], S.shape[-1], "actions")
+        if self.float64_products:
+            x, S = upcast(x), upcast_actions(S)
         Z = kernel_times(S, self.kernel, x, None, self.chunk_size, self.backend)  # line 3
         G_K = upcast(S.mT @ Z)  # (i, i) SᵀKS
         G_K = 0.5 * (G_K + G_K.mT)
         D, logdet_D = action_gram(S)
-        L = safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S")  # line 4
+        try:
+            L = safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S")  # line 4
+        except NumericalError:
+            if self.float64_products:
+                raise
+            self.float64_products = True  # from now on: K S from float64 inputs and actions
+            warnings.warn(f"CaGP: SᵀK̂S from {x.dtype} kernel products is not positive definite "
+                          f"at noise {float(noise.detach()):.3g}; the kernel products run in float64 "
+                          "from now on (about 2x slower)", RuntimeWarning, stacklevel=2)
+            return self.condition(x, y)
         y_proj = upcast(S.mT @ r)  # line 2, ỹ = Sᵀ r
         v_proj = torch.cholesky_solve(y_proj[:, None], L)[:, 0]  # line 5
         return CaGPState(x, S, r, Z, G_K, D, logdet_D, L, y_proj, v_proj, noise,
@@ -189,7 +208,7 @@ class CaGP(Method):
         """The chosen objective per datum: ``negative_elbo`` or ``projected_nll``."""
         value = self.negative_elbo(state) if self.objective == "elbo" else \
             self.projected_nll(state)
-        return as_dtype(value, state.K_S)
+        return as_dtype(value, state.residual)
 
     def negative_elbo(self, state: CaGPState) -> Tensor:
         """Eq. (11) / n: −E_q[log p(y | f)]/n + KL(q_i ‖ p)/n (Eq. 10, Lemma S3)."""
@@ -227,13 +246,15 @@ class CaGP(Method):
         check_x(x_test, num_dims=self.num_dims, name="x_test")
 
         def chunk(xc: Tensor) -> Predictive:
-            K_S = kernel_times(state.actions, self.kernel, state.x, xc, self.chunk_size,
+            xk = xc.to(state.x.dtype)  # float64 when the products were promoted
+            K_S = kernel_times(state.actions, self.kernel, state.x, xk, self.chunk_size,
                                 self.backend)  # (t, i), line 6
-            mean = self.mean(xc) + K_S @ as_dtype(state.repr_weights_proj, K_S)  # line 7
+            mean = self.mean(xk) + K_S @ as_dtype(state.repr_weights_proj, K_S)  # line 7
             W = torch.linalg.solve_triangular(state.cholesky, upcast(K_S).mT, upper=False)
-            variance = kernel_diag(self.kernel, xc) - as_dtype(W.square().sum(0), K_S)  # line 8
+            variance = kernel_diag(self.kernel, xk) - as_dtype(W.square().sum(0), K_S)  # line 8
             # Rounding can push K_i(x, x) ≥ 0 slightly below zero when it is nearly 0.
-            return Predictive(mean, variance.clamp_min(0.0), noise=state.noise)
+            return Predictive(as_dtype(mean, xc), as_dtype(variance.clamp_min(0.0), xc),
+                              noise=state.noise)
 
         return predict_in_chunks(chunk, x_test, chunk_size)
 
@@ -241,6 +262,18 @@ class CaGP(Method):
 def trace_solve(L: Tensor, A: Tensor) -> Tensor:
     """tr(G⁻¹ A) for G = L Lᵀ."""
     return torch.cholesky_solve(A, L).diagonal().sum()
+
+
+@functools.singledispatch
+def upcast_actions(S: Tensor) -> Tensor:
+    """The actions in float64 (differentiable: gradients reach the float32 values)."""
+    return upcast(S)
+
+
+@upcast_actions.register
+def _(S: BlockSparseActions) -> BlockSparseActions:
+    return BlockSparseActions(upcast(S.values), S.index, num_blocks=S.layout.num_blocks,
+                              transposed=S.transposed)
 
 
 @functools.singledispatch
