@@ -196,8 +196,8 @@ class CaGP(Method):
                 raise
             self.float64_products = True  # from now on: K S from float64 inputs and actions
             warnings.warn(f"CaGP: SᵀK̂S from {x.dtype} kernel products is not positive definite "
-                          f"at noise {float(noise.detach()):.3g}; the kernel products run in float64 "
-                          "from now on (about 2x slower)", RuntimeWarning, stacklevel=2)
+                          f"at noise {float(noise.detach()):.3g}; the kernel products run in "
+                          "float64 from now on (about 2x slower)", RuntimeWarning, stacklevel=2)
             return self.condition(x, y)
         y_proj = upcast(S.mT @ r)  # line 2, ỹ = Sᵀ r
         v_proj = torch.cholesky_solve(y_proj[:, None], L)[:, 0]  # line 5
