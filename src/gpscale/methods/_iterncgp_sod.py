@@ -133,7 +133,8 @@ class SoDLaplace(Method):
             change = float((f_next - f).norm()) / max(float((f_next - mean).norm()), 1e-300)
             f, converged = f_next, change <= self.stopping.outer_rtol
         blocks = torch.stack([  # [K̂⁻¹]_ll = E_lᵀ K̂⁻¹ E_l, E_l latent l's identity columns
-            self.cholesky.inv_congruence(factor, _unit_columns(L, m, l, f)) for l in range(L)])
+            self.cholesky.inv_congruence(factor, _identity_columns(L * m, l * m, m, f))
+            for l in range(L)])
         return SoDLaplaceState(xs, ys, index, f, v, factor, blocks.to(f.dtype), steps,
                                converged)
 
@@ -160,10 +161,10 @@ class SoDLaplace(Method):
         return predict_in_chunks(chunk, x_test, chunk_size)
 
 
-def _unit_columns(L: int, m: int, latent: int, like: Tensor) -> Tensor:
-    """(L m, m): the identity columns of one latent's block (latent-major)."""
-    E = like.new_zeros(L * m, m)
-    E[latent * m:(latent + 1) * m] = torch.eye(m, dtype=like.dtype, device=like.device)
+def _identity_columns(N: int, start: int, cols: int, like: Tensor) -> Tensor:
+    """(N, cols): columns start … start + cols − 1 of the N × N identity."""
+    E = like.new_zeros(N, cols)
+    E[start + torch.arange(cols), torch.arange(cols)] = 1.0
     return E
 
 
@@ -178,9 +179,8 @@ def _dense_K_hat(K: Tensor, lik: Likelihood, f: Tensor, block: int = 512) -> Ten
     A = f.new_empty(N, N)
     for start in range(0, N, block):
         cols = min(block, N - start)
-        E = f.new_zeros(N, cols)
-        E[start + torch.arange(cols), torch.arange(cols)] = 1.0
-        A[:, start:start + cols] = lik.W_inv_matmul(f, E.reshape(L, m, cols)).reshape(N, cols)
+        E = _identity_columns(N, start, cols, f).reshape(L, m, cols)
+        A[:, start:start + cols] = lik.W_inv_matmul(f, E).reshape(N, cols)
     A4 = A.view(L, m, L, m)
     for latent in range(L):
         A4[latent, :, latent, :] += K[latent]

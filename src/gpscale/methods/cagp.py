@@ -185,12 +185,8 @@ class CaGP(Method):
         check_num_points(x.shape[0], S.shape[-1], "actions")
         if self.float64_products:
             x, S = upcast(x), upcast_actions(S)
-        Z = kernel_times(S, self.kernel, x, None, self.chunk_size, self.backend)  # line 3
-        G_K = upcast(S.mT @ Z)  # (i, i) SᵀKS
-        G_K = 0.5 * (G_K + G_K.mT)
-        D, logdet_D = action_gram(S)
         try:
-            L = safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S")  # line 4
+            Z, G_K, D, logdet_D, L = self._gram(x, S, noise)
         except NumericalError:
             if self.float64_products:
                 raise
@@ -198,11 +194,21 @@ class CaGP(Method):
             warnings.warn(f"CaGP: SᵀK̂S from {x.dtype} kernel products is not positive definite "
                           f"at noise {float(noise.detach()):.3g}; the kernel products run in "
                           "float64 from now on (about 2x slower)", RuntimeWarning, stacklevel=2)
-            return self.condition(x, y)
+            x, S = upcast(x), upcast_actions(S)
+            Z, G_K, D, logdet_D, L = self._gram(x, S, noise)
         y_proj = upcast(S.mT @ r)  # line 2, ỹ = Sᵀ r
         v_proj = torch.cholesky_solve(y_proj[:, None], L)[:, 0]  # line 5
         return CaGPState(x, S, r, Z, G_K, D, logdet_D, L, y_proj, v_proj, noise,
                          upcast(kernel_diag(self.kernel, x)).sum())
+
+    def _gram(self, x: Tensor, S, noise: Tensor):
+        """Z = K S (line 3), G_K = SᵀKS, SᵀS, its log det and L = chol(SᵀK̂S) (line 4)."""
+        Z = kernel_times(S, self.kernel, x, None, self.chunk_size, self.backend)
+        G_K = upcast(S.mT @ Z)  # (i, i) SᵀKS
+        G_K = 0.5 * (G_K + G_K.mT)
+        D, logdet_D = action_gram(S)
+        L = safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S")
+        return Z, G_K, D, logdet_D, L
 
     def loss(self, state: CaGPState) -> Tensor:
         """The chosen objective per datum: ``negative_elbo`` or ``projected_nll``."""
