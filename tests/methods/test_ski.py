@@ -43,7 +43,8 @@ def _dense_reference(model, x, y, x_test):
 
 
 @pytest.mark.parametrize("key,options", [
-    ("ggp", {}), ("ggp", {"variance": "exact"}), ("ggp", {"wtw_format": "stencil"}),
+    ("ggp", {}), ("ggp", {"solver": "iterative"}), ("ggp", {"variance": "exact"}),
+    ("ggp", {"wtw_format": "stencil"}),
     ("ggp", {"solver": "dense"}), ("ski", {}), ("ski", {"variance": "exact"}),
 ])
 def test_predictive_equals_dense_ski(key, options):
@@ -62,8 +63,9 @@ def test_ggp_and_ski_give_the_same_loss_and_gradient():
     """Prop. 1: factorized CG runs SKI's iterations, so with the same probes both agree."""
     x, y = _data()
     values = []
-    for key in ("ggp", "ski"):
-        model = build(key, 2, init=(x, y), grid_size=[10, 9], rtol=1e-11, num_probes=8, **PRIOR)
+    for key, options in (("ggp", {"solver": "iterative"}), ("ski", {})):
+        model = build(key, 2, init=(x, y), grid_size=[10, 9], rtol=1e-11, num_probes=8, **PRIOR,
+                      **options)
         loss = model.loss(model.condition(x, y))
         loss.backward()
         values.append(torch.cat([loss.detach().reshape(1)]
@@ -71,12 +73,13 @@ def test_ggp_and_ski_give_the_same_loss_and_gradient():
     torch.testing.assert_close(values[0], values[1], rtol=1e-7, atol=1e-9)
 
 
-def test_iterative_loss_and_gradient_match_dense_reference():
+@pytest.mark.parametrize("solver", ["iterative", "preconditioned"])
+def test_iterative_loss_and_gradient_match_dense_reference(solver):
     """Eq. 9 + SLQ: the quadratic term is exact; log det and gradients within Monte-Carlo error."""
     x, y = _data()
     kw = dict(grid_size=[10, 9], rtol=1e-10, **PRIOR)
     dense = build("ggp", 2, init=(x, y), solver="dense", **kw)
-    it = build("ggp", 2, init=(x, y), num_probes=256, **kw)
+    it = build("ggp", 2, init=(x, y), num_probes=256, solver=solver, **kw)
     ref_loss, _, _ = _dense_reference(dense, x, y, x[:2])
     sd, si = dense.condition(x, y), it.condition(x, y)
     torch.testing.assert_close(dense.loss(sd), ref_loss, rtol=1e-10, atol=1e-10)
@@ -180,3 +183,25 @@ def test_regressor_and_clear_errors():
         model.loss(model.condition(x, y))
     rebuilt = build("ggp", 1, **model.options)
     assert isinstance(rebuilt, GGP) and rebuilt.grid == model.grid
+
+
+def test_auto_solver_preconditions_kronecker_kernels_and_falls_back_otherwise():
+    """'auto' = the whitened preconditioned solve for a Kronecker K_G (RBF), factorized CG for a
+    BTTB one (Matérn, d > 1); both give the dense quadratic term; bad pairings raise clearly."""
+    x, y = _data()
+    kw = dict(grid_size=[10, 9], rtol=1e-10, num_probes=4)
+    rbf = build("ggp", 2, init=(x, y), **kw, **PRIOR)
+    dense = build("ggp", 2, init=(x, y), solver="dense", grid_size=[10, 9], **PRIOR)
+    it = build("ggp", 2, init=(x, y), solver="iterative", **kw, **PRIOR)
+    s_auto, s_it = rbf.condition(x, y), it.condition(x, y)
+    torch.testing.assert_close(s_auto.quad.detach(), dense.condition(x, y).quad.detach(),
+                               rtol=1e-8, atol=0)
+    assert s_auto.iterations < s_it.iterations  # preconditioned: fewer iterations
+    matern = build("ggp", 2, init=(x, y), kernel="matern52", **kw)
+    matern_it = build("ggp", 2, init=(x, y), kernel="matern52", solver="iterative", **kw)
+    assert matern.condition(x, y).iterations == matern_it.condition(x, y).iterations
+    explicit = build("ggp", 2, init=(x, y), kernel="matern52", solver="preconditioned", **kw)
+    with pytest.raises(ValueError, match="needs a Kronecker K_G"):
+        explicit.condition(x, y)
+    with pytest.raises(ValueError, match="is a ggp option"):
+        build("ski", 2, init=(x, y), solver="preconditioned")

@@ -94,6 +94,9 @@ class ConjugateGradient:
         record_lanczos: keep the Lanczos tridiagonal in :meth:`run`'s result.
         logdet_probes: probes for :meth:`logdet` (stochastic Lanczos quadrature).
         logdet_iters: CG iterations per probe for :meth:`logdet`.
+        stop_on: ``'residual'`` (‖r_j‖ against rtol ‖b_j‖) or ``'preconditioned'``
+            (‖r_j‖_{P⁻¹} = √(r_jᵀP⁻¹r_j) against rtol ‖b_j‖_{P⁻¹}; with a good P it bounds the
+            A-norm error, which the residual does not when A is badly conditioned).
 
     Example:
         >>> A = torch.tensor([[4.0, 1.0], [1.0, 3.0]], dtype=torch.float64)
@@ -108,6 +111,11 @@ class ConjugateGradient:
     record_lanczos: bool = False
     logdet_probes: int = 16
     logdet_iters: int = 50
+    stop_on: str = "residual"
+
+    def __post_init__(self):
+        if self.stop_on not in ("residual", "preconditioned"):
+            raise ValueError(f"unknown stop_on {self.stop_on!r}; valid: residual, preconditioned")
 
     def init(self, A, preconditioner: Preconditioner | None = None, *,
              size: int | None = None) -> CGState:
@@ -133,9 +141,13 @@ class ConjugateGradient:
         Z = precond(R) if precond else R
         D, gamma = Z, (R * Z).sum(0)  # (n, k), (k,)
         gamma0 = gamma
-        bound = torch.clamp_min(self.rtol * B.norm(dim=0), self.atol)  # (k,)
+        precond_norm = self.stop_on == "preconditioned"
+        if precond_norm:  # ‖r‖_{P⁻¹} ≤ rtol ‖r₀‖_{P⁻¹}: ≈ the A-norm error when P ≈ A
+            bound = torch.clamp_min(self.rtol * gamma0.clamp_min(0).sqrt(), self.atol)
+        else:
+            bound = torch.clamp_min(self.rtol * B.norm(dim=0), self.atol)  # (k,)
         norms = R.norm(dim=0)
-        done = norms <= bound
+        done = (gamma.clamp_min(0).sqrt() if precond_norm else norms) <= bound
         yield SolverStep(0, X, R, norms, D, None, done), None, gamma0
         for i in range(1, (self.max_iters or 10 * B.shape[0]) + 1):
             if bool(done.all()):
@@ -149,7 +161,7 @@ class ConjugateGradient:
             D, gamma = Z + beta * D, torch.where(done, gamma, gamma_new)
             norms = R.norm(dim=0)
             active = ~done
-            done = done | (norms <= bound)
+            done = done | ((gamma.clamp_min(0).sqrt() if precond_norm else norms) <= bound)
             yield SolverStep(i, X, R, norms, D, AD, done), (alpha, beta, active), gamma0
 
     def iterate(self, state: CGState, B: Tensor, x0: Tensor | None = None) -> Iterator[SolverStep]:

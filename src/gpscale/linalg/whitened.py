@@ -1,0 +1,227 @@
+r"""Preconditioned m-dimensional solves for K̃ = W K_G Wᵀ + σ²I with a Kronecker K_G.
+
+The factorized CG of :mod:`gpscale.linalg.factorized` runs CG on the n × n K̃ itself, so its
+iteration count follows K̃'s conditioning, which worsens as n grows (the largest eigenvalues of
+W K_G Wᵀ scale with n): on the 3-D field with σ² = 0.01 it needs ~600 iterations at n = 10⁵ and
+more than 1000 at 10⁶. This module solves the same model in m dimensions instead, where a
+cheap and accurate preconditioner exists.
+
+With K_G = L² (L = √s ⊗_j L_j, L_j the symmetric square root of the j-th Toeplitz factor; dense,
+so each m_j must be moderate) and B = WᵀW, Woodbury gives, for any b ∈ ℝⁿ with h = Wᵀb,
+
+.. math::
+    a := K_G Wᵀ K̃^{-1} b = L Â^{-1} L h, \qquad Â = σ² I_m + L B L \;(\text{SPD}),
+
+    Wᵀ K̃^{-1} b = (h − B a)/σ², \qquad bᵀ K̃^{-1} b = (bᵀb − hᵀa)/σ²,
+
+    \log\det K̃ = \log\det Â + (n − m)\log σ².
+
+Â is solved by preconditioned CG with P = σ² I + L B̄ L, where B̄ = ⊗_j B_j / n^{d−1} and B_j is
+WᵀW summed over all other dimensions (the 1-D Gram of the j-th coordinates, exact because the
+interpolation weights of each dimension sum to one). B̄ = B when d = 1 and E[B̄] = E[B] when the
+data density is a product over dimensions, so P⁻¹Â is close to I. P is diagonalised by the
+per-dimension eigenvectors V_j of L_j B_j L_j: P = V (σ² + s ∏_j μ_j / n^{d−1}) Vᵀ with V = ⊗_j V_j,
+so P⁻¹, P^{±1/2}, log det P and draws from N(0, P) cost O(m Σ_j m_j). log det Â comes from
+stochastic Lanczos quadrature on the preconditioned system (the CG coefficients, probes from
+N(0, P)). One B product and two L products per iteration; nothing n-dimensional.
+
+Stopping: a column stops when ‖r‖_{P⁻¹} ≤ rtol ‖Lh‖_{P⁻¹}. Â's eigenvalues span σ² to ~n/m times
+K_G's, so a small plain residual can leave a large error; with P ≈ Â the P⁻¹-norm of the residual
+tracks the Â-norm of the error instead. Measured on the 3-D field (grid 160 × 80 × 10, σ² = 0.01):
+rtol 1e-3 gives a relative error 2.5e-3 in a after 4 iterations at n = 10⁵ and 1.3e-3 after 3 at
+n = 10⁶, where the factorized CG needs 1,048 iterations for 2.7e-3 at n = 10⁵.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gpscale.linalg.grid import GramStencil, GridKernel
+from gpscale.linalg.solvers.cg import ConjugateGradient
+
+__all__ = ["KroneckerPreconditioner", "WhitenedResult", "kron_matmul", "kron_sqrt_factors",
+           "marginal_grams", "preconditioned_applies", "whitened_solve", "MAX_FACTOR_SIZE"]
+
+_F64 = torch.float64
+# Largest per-dimension grid size whose dense factors (eigendecompositions) we build.
+MAX_FACTOR_SIZE = 4096
+
+
+def kron_matmul(factors: list[Tensor], V: Tensor) -> Tensor:
+    """(⊗_j F_j) V for V (m, k), m = ∏ m_j, row-major grid order; O(m k Σ m_j)."""
+    sizes = [F.shape[1] for F in factors]
+    k = V.shape[1]
+    X = V.T.reshape(k, *sizes)
+    for j, F in enumerate(factors):
+        X = torch.tensordot(X, F, dims=([j + 1], [1])).movedim(-1, j + 1)
+    return X.reshape(k, -1).T
+
+
+def _toeplitz(t: Tensor) -> Tensor:
+    idx = torch.arange(t.shape[0])
+    return t[(idx[:, None] - idx[None, :]).abs()]
+
+
+def preconditioned_applies(GK: GridKernel) -> bool:
+    """Whether :func:`whitened_solve` can run on ``GK`` (Kronecker, factors ≤ MAX_FACTOR_SIZE)."""
+    return GK.structure == "kron" and max(GK.sizes) <= MAX_FACTOR_SIZE
+
+
+def kron_sqrt_factors(GK: GridKernel) -> list[Tensor]:
+    """Symmetric square roots L_j of K_G's Toeplitz factors (K_G = s ⊗_j L_j²), float64.
+
+    Raises:
+        ValueError: K_G is not a Kronecker product, or a factor is larger than
+            :data:`MAX_FACTOR_SIZE`.
+    """
+    if GK.structure != "kron":
+        raise ValueError("the preconditioned solver needs a Kronecker K_G (an RBF kernel, or "
+                         "any kernel in one dimension); use solver='iterative'")
+    if max(GK.sizes) > MAX_FACTOR_SIZE:
+        raise ValueError(f"the preconditioned solver builds dense per-dimension factors; grid "
+                         f"sizes {GK.sizes} exceed {MAX_FACTOR_SIZE}: use solver='iterative'")
+    out = []
+    for spectrum, m_j in zip(GK.spectra, GK.sizes, strict=True):
+        t = torch.fft.irfft(spectrum.to(_F64), n=2 * m_j)[:m_j]
+        lam, U = torch.linalg.eigh(_toeplitz(t))
+        out.append((U * lam.clamp_min(0).sqrt()) @ U.T)
+    return out
+
+
+def marginal_grams(gram: GramStencil) -> list[Tensor]:
+    """B_j (m_j, m_j): WᵀW summed over every dimension but j (the 1-D Gram of coordinate j)."""
+    d, s = len(gram.sizes), gram.support
+    q = 2 * s - 1
+    coef = gram.coef.to(_F64).reshape(*([q] * (d - 1)), *gram.sizes, q)
+    out = []
+    for j, m_j in enumerate(gram.sizes):
+        off_axis = j if j < d - 1 else coef.dim() - 1
+        node_axis = d - 1 + j
+        keep = (node_axis, off_axis)
+        rest = [a for a in range(coef.dim()) if a not in keep]
+        M = coef.sum(dim=rest) if rest else coef  # (sum over dim=[] would sum everything)
+        if node_axis > off_axis:
+            M = M.T  # (m_j, q): node, offset
+        rows = torch.arange(m_j)[:, None].expand(m_j, q)
+        cols = rows + torch.arange(q)[None, :] - (s - 1)
+        ok = (cols >= 0) & (cols < m_j)
+        B_j = torch.zeros(m_j, m_j, dtype=_F64)
+        B_j.index_put_((rows[ok], cols[ok]), M[ok], accumulate=True)
+        out.append(0.5 * (B_j + B_j.T))
+    return out
+
+
+@dataclass(frozen=True)
+class KroneckerPreconditioner:
+    """P = V diag(λ) Vᵀ with V = ⊗_j V_j orthogonal (see the module docstring).
+
+    Implements the :class:`gpscale.linalg.preconditioners.Preconditioner` protocol.
+
+    Attributes:
+        vectors: V_j (m_j, m_j).  eigenvalues: λ (m,), all ≥ σ² > 0.
+    """
+
+    vectors: list[Tensor]
+    eigenvalues: Tensor
+
+    @classmethod
+    def build(cls, sqrt_factors: list[Tensor], outputscale: float, grams: list[Tensor],
+              noise: float, n: int) -> KroneckerPreconditioner:
+        """P = σ² I + s (⊗_j L_j)(⊗_j B_j)(⊗_j L_j) / n^{d−1}."""
+        d = len(grams)
+        vecs, vals = [], []
+        for L_j, B_j in zip(sqrt_factors, grams, strict=True):
+            H = L_j @ B_j @ L_j
+            mu, V = torch.linalg.eigh(0.5 * (H + H.T))
+            vecs.append(V)
+            vals.append(mu.clamp_min(0))
+        prod = vals[0]
+        for mu in vals[1:]:
+            prod = torch.outer(prod, mu).reshape(-1)
+        lam = noise + outputscale * prod / float(n) ** (d - 1)
+        return cls(vecs, lam)
+
+    def _apply(self, R: Tensor, power: float) -> Tensor:
+        X = kron_matmul([V.T for V in self.vectors], R)
+        return kron_matmul(self.vectors, X * self.eigenvalues[:, None] ** power)
+
+    def solve(self, R: Tensor) -> Tensor:
+        """P⁻¹ R for R (m, k)."""
+        return self._apply(R, -1.0)
+
+    def inv_sqrt_matmul(self, V: Tensor) -> Tensor:
+        """P^{-1/2} V."""
+        return self._apply(V, -0.5)
+
+    def logdet(self) -> Tensor:
+        """log det P."""
+        return self.eigenvalues.log().sum()
+
+    def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        """(m, num_samples) draws V λ^{1/2} ε ~ N(0, P)."""
+        eps = torch.randn(self.eigenvalues.shape[0], num_samples, dtype=_F64,
+                          generator=generator)
+        return kron_matmul(self.vectors, eps * self.eigenvalues[:, None].sqrt())
+
+
+@dataclass(frozen=True)
+class WhitenedResult:
+    """What :func:`whitened_solve` returns for columns b given as (h = Wᵀb, ρ = ‖b‖²).
+
+    Attributes:
+        a: K_G Wᵀ K̃⁻¹ b (m, k).  wt_x: Wᵀ K̃⁻¹ b (m, k).  b_dot_x: bᵀ K̃⁻¹ b (k,).
+        logdet_samples: per-probe SLQ estimates of log det K̃ (p,), empty when p = 0.
+        iterations: preconditioned CG iterations.  residual_norms: of Â's system, per column.
+    """
+
+    a: Tensor
+    wt_x: Tensor
+    b_dot_x: Tensor
+    logdet_samples: Tensor
+    iterations: int
+    residual_norms: Tensor
+
+
+def whitened_solve(GK: GridKernel, B, grams: list[Tensor], noise: float, n: int, h: Tensor,
+                   rho: Tensor, *, num_logdet_probes: int, rtol: float, max_iters: int,
+                   seed: int = 0) -> WhitenedResult:
+    """Preconditioned CG on Â = σ²I + L B L (module docstring), batched over columns.
+
+    Args:
+        GK: Kronecker K_G.  B: ``V ↦ WᵀW V`` on (m, k).  grams: :func:`marginal_grams` of WᵀW.
+        noise: σ².  n: number of data points.  h: (m, k) Wᵀb per column.  rho: (k,) ‖b‖².
+        num_logdet_probes: SLQ probes (drawn from N(0, P) with ``seed``) for log det K̃.
+        rtol: relative residual tolerance on Â's system.  max_iters: CG cap.
+    """
+    m = GK.num_grid
+    sqrt_factors = kron_sqrt_factors(GK)
+    scale = float(GK.outputscale)
+    root = math.sqrt(scale)
+
+    def L(V: Tensor) -> Tensor:
+        return root * kron_matmul(sqrt_factors, V)
+
+    P = KroneckerPreconditioner.build(sqrt_factors, scale, grams, noise, n)
+    probes = P.sample(num_logdet_probes, torch.Generator().manual_seed(seed)) \
+        if num_logdet_probes else h.new_zeros(m, 0)
+    k = h.shape[1]
+    rhs = torch.cat([L(h.to(_F64)), probes], 1)
+    cg = ConjugateGradient(rtol=rtol, max_iters=max_iters, record_lanczos=num_logdet_probes > 0,
+                           stop_on="preconditioned")
+    res = cg.run(cg.init(lambda V: noise * V + L(B(L(V))), P, size=m), rhs)
+    a = L(res.solution[:, :k])
+    wt_x = (h - B(a)) / noise
+    b_dot_x = (rho - (h * a).sum(0)) / noise
+    if num_logdet_probes:
+        from gpscale.linalg.solvers.lanczos import lanczos_quadrature
+
+        T = res.tridiagonal[k:]
+        samples = (res.lanczos_weights[k:] * lanczos_quadrature(T) + P.logdet()
+                   + (n - m) * math.log(noise))
+    else:
+        samples = h.new_zeros(0)
+    return WhitenedResult(a, wt_x, b_dot_x, samples, res.iterations, res.residual_norms[:k])
