@@ -38,6 +38,32 @@ def test_preconditioned_cg_matches_solve_in_fewer_iterations(generator):
     assert preconditioned.iterations < plain.iterations / 3
 
 
+def test_stop_on_preconditioned_norm_bounds_the_energy_error(generator):
+    """stop_on='preconditioned': stops at ‖r‖_{P⁻¹} ≤ rtol ‖b‖_{P⁻¹}; with P = A that is the
+    A-norm error of the iterate; unknown values raise."""
+    K = rbf_gram(150, generator)
+    noise = 1e-3
+    A = (K + noise * torch.eye(150)).double()
+    b = torch.randn(150, 1, generator=generator).double()
+    P = PivotedCholeskyPreconditioner.from_matrix(K.double(), noise=noise, rank=30)
+    exact = torch.linalg.solve(A, b)
+    for rtol in (1e-2, 1e-4):
+        cg = ConjugateGradient(rtol=rtol, max_iters=1000, stop_on="preconditioned")
+        res = cg.run(cg.init(A, preconditioner=P), b)
+        r = b - A @ res.solution
+        assert float(r.T @ P.solve(r)) <= rtol**2 * float(b.T @ P.solve(b)) * (1 + 1e-9)
+        err = res.solution - exact
+        # ‖e‖_A² = rᵀA⁻¹r ≤ rᵀP⁻¹r / λ_min(P⁻¹A): bounded by a small multiple of rtol² here.
+        assert float(err.T @ A @ err) <= 100 * rtol**2 * float(b.T @ exact)
+        # ...and not one iteration earlier: the criterion, not the cap or the residual, stopped it.
+        early = ConjugateGradient(rtol=rtol, max_iters=res.iterations - 1,
+                                  stop_on="preconditioned").run(cg.init(A, preconditioner=P), b)
+        r = b - A @ early.solution
+        assert float(r.T @ P.solve(r)) > rtol**2 * float(b.T @ P.solve(b))
+    with pytest.raises(ValueError, match="unknown stop_on"):
+        ConjugateGradient(stop_on="energy")
+
+
 def test_cg_after_n_iterations_equals_solve(generator):
     """With rtol = 0, n iterations reach the exact solution (finite termination)."""
     A = spd(12, 10.0, generator)
