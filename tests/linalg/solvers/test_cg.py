@@ -45,9 +45,9 @@ def test_stop_on_preconditioned_norm_bounds_the_energy_error(generator):
     noise = 1e-3
     A = (K + noise * torch.eye(150)).double()
     b = torch.randn(150, 1, generator=generator).double()
-    P = PivotedCholeskyPreconditioner.from_matrix(K.double(), noise=noise, rank=30)
+    P = PivotedCholeskyPreconditioner.from_matrix(K.double(), noise=noise, rank=8)
     exact = torch.linalg.solve(A, b)
-    for rtol in (1e-2, 1e-4):
+    for rtol in (1e-3, 1e-5):
         cg = ConjugateGradient(rtol=rtol, max_iters=1000, stop_on="preconditioned")
         res = cg.run(cg.init(A, preconditioner=P), b)
         r = b - A @ res.solution
@@ -55,6 +55,7 @@ def test_stop_on_preconditioned_norm_bounds_the_energy_error(generator):
         err = res.solution - exact
         # ‖e‖_A² = rᵀA⁻¹r ≤ rᵀP⁻¹r / λ_min(P⁻¹A): bounded by a small multiple of rtol² here.
         assert float(err.T @ A @ err) <= 100 * rtol**2 * float(b.T @ exact)
+        assert res.iterations >= 2
         # ...and not one iteration earlier: the criterion, not the cap or the residual, stopped it.
         early = ConjugateGradient(rtol=rtol, max_iters=res.iterations - 1,
                                   stop_on="preconditioned").run(cg.init(A, preconditioner=P), b)
