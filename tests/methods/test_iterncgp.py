@@ -16,6 +16,7 @@ from gpscale.methods._iterncgp_solver import (
 from gpscale.methods.iterncgp import (
     IterativeResidualPolicy,
     IterNCGP,
+    PreconditionedResidualPolicy,
     Recycling,
     Stopping,
     UnitVectorPolicy,
@@ -214,6 +215,55 @@ def test_residual_policy_iterates_equal_cg(name, generator):
     assert len(beliefs) == 7
     for belief, expected in zip(beliefs, cg_iterates, strict=True):
         torch.testing.assert_close(flat(belief.v), expected, rtol=1e-9, atol=1e-11)
+
+
+class _DensePreconditioner:
+    """P with P⁻¹ = M (dense), for ConjugateGradient."""
+
+    def __init__(self, M):
+        self.M = M
+
+    def solve(self, R):
+        return self.M @ R
+
+
+@pytest.mark.parametrize("name", ["poisson", "bernoulli"])
+def test_preconditioned_residual_policy_iterates_equal_pcg(name, generator):
+    """Actions W r_{j−1} give v_j equal to the j-th preconditioned CG iterate (P = W⁻¹) from 0,
+    and differ from plain CG's."""
+    lik, x, y, _ = make_problem(name, generator)
+    model = small_model(lik, x)
+    f = 1.5 * torch.randn(lik.num_latents, x.shape[0], generator=generator)  # uneven W
+    problem = model.regression_problem(x, y, f)
+    W_inv = dense_W_inv(lik, f)
+    K_hat = dense_posterior(model, x) + W_inv
+    cg = ConjugateGradient(rtol=0.0, atol=0.0, max_iters=5)
+    P = _DensePreconditioner(torch.linalg.inv(W_inv))
+    b = flat(problem.b)[:, None]
+    pcg = [s.solution[:, 0] for s in cg.iterate(cg.init(K_hat, P), b)]
+    plain = [s.solution[:, 0] for s in cg.iterate(cg.init(K_hat), b)]
+    beliefs = list(itergp(problem, empty_belief(f), PreconditionedResidualPolicy(),
+                          Stopping(max_iterations=5, atol=0.0, rtol=0.0)))
+    assert len(beliefs) == 6
+    for belief, expected in zip(beliefs, pcg, strict=True):
+        torch.testing.assert_close(flat(belief.v), expected, rtol=1e-9, atol=1e-11)
+    assert float((flat(beliefs[2].v) - plain[2]).norm()) > 1e-3 * float(plain[2].norm())
+    with pytest.raises(TypeError, match="bind"):
+        PreconditionedResidualPolicy()(None)
+
+
+def test_pcg_policy_from_the_factory_converges_like_cg(generator):
+    """build_iterncgp(policy='pcg') reaches the same Laplace mode as the residual policy."""
+    from gpscale.methods.registry import build
+
+    lik, x, y, _ = make_problem("bernoulli", generator)
+    modes = []
+    for policy in ("cg", "pcg"):
+        model = build("iterncgp", x.shape[1], task="classification", num_classes=2, init=(x, y),
+                      policy=policy, lengthscale=0.5, outputscale=2.0, max_iterations=x.shape[0],
+                      outer_rtol=1e-8, rtol=1e-10, max_newton_steps=50).double()
+        modes.append(model.condition(x.double(), y).f)
+    torch.testing.assert_close(modes[1], modes[0], rtol=1e-6, atol=1e-6)
 
 
 # -- Gaussian likelihood: Thm. A.2 --------------------------------------------------------------

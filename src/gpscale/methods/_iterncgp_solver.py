@@ -104,11 +104,14 @@ class RegressionProblem:
         b: (L, n) right-hand side ŷ(f_i) − m.
         K_matmul: V ↦ K V for V (L, n, k) (the prior covariance at the training inputs).
         W_inv_matmul: V ↦ W(f_i)⁻¹ V for V (L, n) or (L, n, k).
+        W_matmul: V ↦ W(f_i) V (the likelihood's negative Hessian), for the preconditioned
+            residual policy; None when not given.
     """
 
     b: Tensor
     K_matmul: Matmul
     W_inv_matmul: Matmul
+    W_matmul: Matmul | None = None
 
     def K_hat_matmul_buffer(self, S: Tensor, T: Tensor) -> Tensor:
         """K̂ S = T + W⁻¹ S from the buffered T = K S (no product with K)."""
@@ -244,6 +247,8 @@ def itergp(problem: RegressionProblem, belief: Belief, policy: Policy,
             residual r, both (L, n)) to the next action (L, n), or ``None``.
         stopping: tolerances, j_max and the η floor.
     """
+    if hasattr(policy, "bind"):  # a policy that needs the problem (e.g. W for preconditioning)
+        policy = policy.bind(problem)
     b = problem.b
     bound = max(stopping.atol, stopping.rtol * float(b.norm()))
     eta_rtol = stopping.eta_rtol if stopping.eta_rtol is not None else 10 * _eps(b)
@@ -312,6 +317,29 @@ class IterativeResidualPolicy:
 
     def __call__(self, step: SolverStep) -> Tensor:
         return step.residual
+
+
+@dataclass(frozen=True)
+class PreconditionedResidualPolicy:
+    """Preconditioned CG policy: s_j = W r_{j−1}, i.e. P⁻¹ r with P = W⁻¹ (beyond the paper).
+
+    IterGP with actions P⁻¹r_{j−1} runs preconditioned CG (its actions span the Krylov space of
+    P⁻¹K̂ = I + W K): with saturated probabilities W⁻¹ in K̂ = K + W⁻¹ is huge on the confident
+    points, so the plain residual, and hence the CG action, is dominated by them; scaling by W
+    takes that weight away. On 2,000 MNIST points (j ≤ 1) the plain residual policy's Newton
+    steps stall after four (every later step fails the line search), the preconditioned ones
+    converge. Softmax: W's null direction (the class sum) is never explored.
+    """
+
+    def bind(self, problem: RegressionProblem) -> Policy:
+        """The policy for one Newton step's problem (needs ``problem.W_matmul``)."""
+        if problem.W_matmul is None:
+            raise ValueError("the preconditioned CG policy needs the problem's W_matmul")
+        W = problem.W_matmul
+        return lambda step: W(step.residual)
+
+    def __call__(self, step: SolverStep) -> Tensor:
+        raise TypeError("PreconditionedResidualPolicy needs the regression problem: bind() it")
 
 
 def _eps(t: Tensor) -> float:

@@ -88,6 +88,7 @@ from gpscale.methods._iterncgp_setup import (
 from gpscale.methods._iterncgp_sod import SoDLaplace, SoDLaplaceState, build_sod_laplace
 from gpscale.methods._iterncgp_solver import (
     IterativeResidualPolicy,
+    PreconditionedResidualPolicy,
     Recycling,
     RegressionProblem,
     Stopping,
@@ -101,7 +102,8 @@ from gpscale.validation import check_x, check_xy
 
 __all__ = [
     "IterNCGP", "IterNCGPState", "NewtonStep", "POLICIES", "PredictiveOptions", "Recycling",
-    "IterativeResidualPolicy", "SoDLaplace", "SoDLaplaceState", "Stopping", "UnitVectorPolicy",
+    "IterativeResidualPolicy", "PreconditionedResidualPolicy", "SoDLaplace", "SoDLaplaceState",
+    "Stopping", "UnitVectorPolicy",
     "build_iterncgp", "build_sod_laplace",
 ]
 
@@ -109,11 +111,14 @@ LINE_SEARCH_HALVINGS = 10
 """The line search tries α = 1, ½, …, 2^{−10} before it rejects a Newton step."""
 POLICIES = {
     "cg": lambda seed: IterativeResidualPolicy(),
+    "pcg": lambda seed: PreconditionedResidualPolicy(),
     "chol": lambda seed: UnitVectorPolicy(seed=seed),
     "unit-vector": lambda seed: UnitVectorPolicy(seed=seed),
 }
-"""Policy names of the factory: ``cg`` (residual actions, IterNCGP-CG) and ``chol`` (alias
-``unit-vector``: unit vectors in a random order seeded by ``seed``, IterNCGP-Chol)."""
+"""Policy names of the factory: ``cg`` (residual actions, IterNCGP-CG), ``pcg`` (residuals
+preconditioned by the likelihood's W, beyond the paper: :class:`PreconditionedResidualPolicy`)
+and ``chol`` (alias ``unit-vector``: unit vectors in a random order seeded by ``seed``,
+IterNCGP-Chol)."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +313,7 @@ class IterNCGP(Method):
         lik = self.likelihood
         y_hat = f + lik.W_inv_matmul(f, lik.gradient(f, y))  # line 7, (L, n)
         return RegressionProblem(y_hat - self.prior_mean, partial(self.latent_kernel.matmul, x, x),
-                                 partial(lik.W_inv_matmul, f))
+                                 partial(lik.W_inv_matmul, f), partial(lik.W_matmul, f))
 
     # -- loss: negative log joint at the approximate mode ------------------------------------
     def log_lik(self, state: IterNCGPState) -> Tensor:
@@ -383,7 +388,7 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
             (Poisson).
         num_classes: C; inferred from ``init`` labels (max + 1, at least 2) when ``None``.
         init: training data for the hyperparameter pre-fit and label checks, or ``None``.
-        policy: ``"cg"`` or ``"chol"`` (:data:`POLICIES`).
+        policy: ``"cg"``, ``"pcg"`` or ``"chol"`` (:data:`POLICIES`).
         max_iterations, max_newton_steps, outer_rtol, atol, rtol: :class:`Stopping`.
         recycle, compression_rank: :class:`Recycling` (``enabled``, ``rank``).
         kernel, ard, lengthscale, outputscale: the fixed prior kernel; missing hyperparameters
