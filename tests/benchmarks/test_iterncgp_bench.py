@@ -53,3 +53,11 @@ def test_poisson_part_writes_report_curves_and_plot(tmp_path):
     assert "j<=20" in (tmp_path / "report.md").read_text()
     with pytest.raises(ValueError, match="mixture"):
         iterncgp.run(tmp_path, datasets=("bike",))
+
+
+def test_mnist_runs_have_comma_free_unique_labels_and_unknown_ones_raise(tmp_path):
+    labels = [label for label, _ in iterncgp.MNIST_RUNS]
+    assert len(set(labels)) == len(labels) and not any("," in label for label in labels)
+    assert {o.get("policy", "cg") for _, o in iterncgp.MNIST_RUNS} == {"cg", "pcg"}
+    with pytest.raises(ValueError, match="unknown iterncgp runs"):
+        iterncgp.run(tmp_path, quick=True, datasets=("poisson",), runs=("cg, j<=1",))
