@@ -44,6 +44,7 @@ def _dense_reference(model, x, y, x_test):
 
 @pytest.mark.parametrize("key,options", [
     ("ggp", {}), ("ggp", {"solver": "iterative"}), ("ggp", {"variance": "exact"}),
+    ("ggp", {"variance": "exact", "solver": "iterative"}),
     ("ggp", {"wtw_format": "stencil"}),
     ("ggp", {"solver": "dense"}), ("ski", {}), ("ski", {"variance": "exact"}),
 ])

@@ -43,8 +43,9 @@ from torch import Tensor
 from gpscale.linalg.grid import GramStencil, GridKernel
 from gpscale.linalg.solvers.cg import ConjugateGradient
 
-__all__ = ["KroneckerPreconditioner", "WhitenedResult", "kron_matmul", "kron_sqrt_factors",
-           "marginal_grams", "preconditioned_applies", "whitened_solve", "MAX_FACTOR_SIZE"]
+__all__ = ["KroneckerPreconditioner", "WhitenedResult", "WhitenedSystem", "kron_matmul",
+           "kron_sqrt_factors", "marginal_grams", "preconditioned_applies", "whitened_solve",
+           "MAX_FACTOR_SIZE"]
 
 _F64 = torch.float64
 # Largest per-dimension grid size whose dense factors (eigendecompositions) we build.
@@ -186,6 +187,54 @@ class WhitenedResult:
     residual_norms: Tensor
 
 
+@dataclass(frozen=True)
+class WhitenedSystem:
+    """Â = σ²I + L B L with its preconditioner P and the whitening L (module docstring).
+
+    Attributes:
+        sqrt_factors: L_j.  root: √s (L = √s ⊗_j L_j).  B: ``V ↦ WᵀW V``.
+        noise: σ².  preconditioner: P.
+    """
+
+    sqrt_factors: list[Tensor]
+    root: float
+    B: object
+    noise: float
+    preconditioner: KroneckerPreconditioner
+
+    @classmethod
+    def build(cls, GK: GridKernel, B, grams: list[Tensor], noise: float, n: int
+              ) -> WhitenedSystem:
+        """From a Kronecker K_G, ``V ↦ WᵀW V``, :func:`marginal_grams`, σ² and n."""
+        factors = kron_sqrt_factors(GK)
+        scale = float(GK.outputscale)
+        P = KroneckerPreconditioner.build(factors, scale, grams, noise, n)
+        return cls(factors, math.sqrt(scale), B, noise, P)
+
+    def L(self, V: Tensor) -> Tensor:
+        """L V = K_G^{1/2} V for V (m, k)."""
+        return self.root * kron_matmul(self.sqrt_factors, V)
+
+    def matmul(self, V: Tensor) -> Tensor:
+        """Â V."""
+        return self.noise * V + self.L(self.B(self.L(V)))
+
+    def run(self, rhs: Tensor, *, rtol: float, max_iters: int, record_lanczos: bool = False):
+        """Preconditioned CG on Â X = rhs (stopping in the P⁻¹-norm); a :class:`CGResult`."""
+        cg = ConjugateGradient(rtol=rtol, max_iters=max_iters, record_lanczos=record_lanczos,
+                               stop_on="preconditioned")
+        return cg.run(cg.init(self.matmul, self.preconditioner, size=rhs.shape[0]), rhs)
+
+    def posterior_quad(self, C: Tensor, *, rtol: float, max_iters: int) -> Tensor:
+        """cᵀ(K_G − K_G Wᵀ K̃⁻¹ W K_G)c = σ² (Lc)ᵀ Â⁻¹ (Lc) per column c of C (m, k).
+
+        The Woodbury form of the posterior covariance on the grid: no difference of two large
+        terms, so a loose solve still gives an accurate variance.
+        """
+        U = self.L(C.to(_F64))
+        return self.noise * (U * self.run(U, rtol=rtol, max_iters=max_iters).solution).sum(0)
+
+
 def whitened_solve(GK: GridKernel, B, grams: list[Tensor], noise: float, n: int, h: Tensor,
                    rho: Tensor, *, num_logdet_probes: int, rtol: float, max_iters: int,
                    seed: int = 0) -> WhitenedResult:
@@ -195,25 +244,17 @@ def whitened_solve(GK: GridKernel, B, grams: list[Tensor], noise: float, n: int,
         GK: Kronecker K_G.  B: ``V ↦ WᵀW V`` on (m, k).  grams: :func:`marginal_grams` of WᵀW.
         noise: σ².  n: number of data points.  h: (m, k) Wᵀb per column.  rho: (k,) ‖b‖².
         num_logdet_probes: SLQ probes (drawn from N(0, P) with ``seed``) for log det K̃.
-        rtol: relative residual tolerance on Â's system.  max_iters: CG cap.
+        rtol: relative tolerance on Â's system, in the P⁻¹-norm.  max_iters: CG cap.
     """
     m = GK.num_grid
-    sqrt_factors = kron_sqrt_factors(GK)
-    scale = float(GK.outputscale)
-    root = math.sqrt(scale)
-
-    def L(V: Tensor) -> Tensor:
-        return root * kron_matmul(sqrt_factors, V)
-
-    P = KroneckerPreconditioner.build(sqrt_factors, scale, grams, noise, n)
+    system = WhitenedSystem.build(GK, B, grams, noise, n)
+    P = system.preconditioner
     probes = P.sample(num_logdet_probes, torch.Generator().manual_seed(seed)) \
         if num_logdet_probes else h.new_zeros(m, 0)
     k = h.shape[1]
-    rhs = torch.cat([L(h.to(_F64)), probes], 1)
-    cg = ConjugateGradient(rtol=rtol, max_iters=max_iters, record_lanczos=num_logdet_probes > 0,
-                           stop_on="preconditioned")
-    res = cg.run(cg.init(lambda V: noise * V + L(B(L(V))), P, size=m), rhs)
-    a = L(res.solution[:, :k])
+    rhs = torch.cat([system.L(h.to(_F64)), probes], 1)
+    res = system.run(rhs, rtol=rtol, max_iters=max_iters, record_lanczos=num_logdet_probes > 0)
+    a = system.L(res.solution[:, :k])
     wt_x = (h - B(a)) / noise
     b_dot_x = (rho - (h * a).sum(0)) / noise
     if num_logdet_probes:

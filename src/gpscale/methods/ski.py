@@ -89,7 +89,12 @@ from gpscale.linalg.grid import (
 from gpscale.linalg.ops import rademacher, safe_cholesky
 from gpscale.linalg.solvers.cg import ConjugateGradient
 from gpscale.linalg.solvers.lanczos import lanczos, lanczos_quadrature
-from gpscale.linalg.whitened import marginal_grams, preconditioned_applies, whitened_solve
+from gpscale.linalg.whitened import (
+    WhitenedSystem,
+    marginal_grams,
+    preconditioned_applies,
+    whitened_solve,
+)
 from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
@@ -268,7 +273,7 @@ class GGP(Method):
         if solver == "dense":
             return self._condition_dense(stats, GK, noise, mu)
         if solver == "auto":
-            solver = "preconditioned" if preconditioned_applies(GK) else "iterative"
+            solver = "preconditioned" if self._preconditioned(GK) else "iterative"
         K, B, s2 = self._operators(GK, stats)
         h = torch.cat([h_r[:, None], stats.wt_probes], 1)
         rho = torch.cat([rtr.reshape(1), stats.probe_sq])
@@ -288,6 +293,11 @@ class GGP(Method):
                           h_probes=stats.wt_probes, wt_x=res.wt_x[:, 1:],
                           probe_dot=res.b_dot_x[1:], logdet_samples=samples,
                           iterations=res.iterations, data=stats)
+
+    def _preconditioned(self, GK: GridKernel) -> bool:
+        """Whether the solves use :mod:`~gpscale.linalg.whitened` (solver option, K_G form)."""
+        solver = self.options["solver"]
+        return solver == "preconditioned" or (solver == "auto" and preconditioned_applies(GK))
 
     def _condition_whitened(self, stats, GK, B, s2, h, rho, r_sum) -> GridState:
         """The same terms from the preconditioned m-dimensional solve (`linalg.whitened`).
@@ -343,6 +353,15 @@ class GGP(Method):
 
         def term(GK: GridKernel):
             K, B, s2 = self._operators(GK, stats)
+            if self.options["variance"] == "exact" and self._preconditioned(GK):
+                system = WhitenedSystem.build(GK, B, marginal_grams(stats.gram), s2, stats.n)
+                pairs = pair_offsets(stats.grid.support, stats.grid.num_dims)
+
+                def exact_whitened(rows):  # prior − posterior = w_*ᵀK_Gw_* − σ² uᵀÂ⁻¹u
+                    post = system.posterior_quad(_sparse_columns(rows), rtol=self.options["rtol"],
+                                                 max_iters=self.options["max_iters"])
+                    return GK.interp_quad(rows, pairs) - post
+                return exact_whitened
             if self.options["variance"] == "exact":
                 def exact(rows):
                     Kw = K(_sparse_columns(rows))  # r̂_0 = K_G w_* (Alg. 4)
