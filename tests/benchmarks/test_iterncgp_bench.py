@@ -61,3 +61,36 @@ def test_mnist_runs_have_comma_free_unique_labels_and_unknown_ones_raise(tmp_pat
     assert {o.get("policy", "cg") for _, o in iterncgp.MNIST_RUNS} == {"cg", "pcg"}
     with pytest.raises(ValueError, match="unknown iterncgp runs"):
         iterncgp.run(tmp_path, quick=True, datasets=("poisson",), runs=("cg, j<=1",))
+
+
+def test_curve_reports_the_kernel_it_used():
+    data = load_dataset("poisson1d", split=0)
+    out = iterncgp._iterncgp_curve(data, {**iterncgp.POISSON_HYPERS, "max_iterations": 1,
+                                          "max_newton_steps": 1}, None)
+    assert out["kernel"]["kernel"] == "rbf"
+    assert out["kernel"]["lengthscale"] == pytest.approx(0.1)
+    assert out["kernel"]["outputscale"] == pytest.approx(5.0)
+
+
+def test_mnist_svgp_runs_learned_and_frozen_at_the_prefit_kernel(monkeypatch, tmp_path):
+    prefit = {"kernel": "matern32", "lengthscale": 23.2, "outputscale": 3.36}
+    specs = []
+
+    def fake_curve(data, options, budget):
+        return {"curve": [{"time_s": 7.0, "epoch": 1}], "setup_s": 3.0, "train_time_s": 7.0,
+                "kernel": prefit, "newton_steps": 1, "stopped": "converged"}
+
+    def fake_svgp(spec):
+        specs.append(spec)
+        return {"curve": [{"time_s": 1.0, "epoch": 1}], "train_time_s": 1.0}
+
+    monkeypatch.setattr(iterncgp, "_iterncgp_curve", fake_curve)
+    monkeypatch.setattr(iterncgp, "_svgp", fake_svgp)
+    rows = iterncgp._part_mnist(False, [], runs=("pcg-j5-prefit",))
+    assert [r["setting"] for r in rows] == [
+        "pcg-j5-prefit", "100/class, learned", "100/class, pre-fit kernel frozen"]
+    assert [s.max_time for s in specs] == [10.0, 10.0]  # the pre-fit counts in the budget
+    assert "learn_kernel" not in specs[0].options
+    frozen = specs[1].options
+    assert frozen["learn_kernel"] is False and frozen["mean_constant"] == 0.0
+    assert {k: frozen[k] for k in prefit} == prefit
