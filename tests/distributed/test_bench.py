@@ -9,7 +9,8 @@ from gpscale.data.synthetic import FieldStream
 from gpscale.distributed.bench import _stream_rows, bench_ggp
 
 
-@pytest.mark.parametrize(("start", "stop"), [(0, 250), (0, 100), (37, 163), (200, 250)])
+@pytest.mark.parametrize(("start", "stop"), [(0, 250), (0, 100), (37, 163), (200, 250),
+                                             (100, 200), (99, 101), (150, 151)])
 def test_stream_rows_are_the_streams_rows(start, stop):
     """A rank's rows of the stream = the same rows of the whole stream (chunks seeded by index)."""
     stream = FieldStream(n=250, num_dims=2, chunk_size=100)
