@@ -46,7 +46,10 @@ def test_poisson_part_writes_report_curves_and_plot(tmp_path):
     rows = iterncgp.run(tmp_path, datasets=("poisson",))
     assert [r["setting"] for r in rows] == ["j<=1", "j<=5", "j<=10", "j<=20"]
     assert all(r["solver_iterations"] <= iterncgp.POISSON_TOTAL_ITERATIONS for r in rows)
-    assert rows[-1]["solver_iterations"] == 100  # 5 steps of 20, no early outer stop
+    # j <= 20: all 5 Newton steps run (no early outer stop); an inner solve may end a few
+    # iterations early at its residual tolerance (95 or 100 depending on the data's rounding)
+    assert rows[-1]["newton_steps"] == 5 and rows[-1]["stopped"] == "max_newton_steps"
+    assert 80 < rows[-1]["solver_iterations"] <= 100
     curves = list(csv.DictReader(open(tmp_path / "curves.csv")))
     assert {c["method"] for c in curves} == {"j<=1", "j<=5", "j<=10", "j<=20"}
     assert (tmp_path / "poisson_curves.png").stat().st_size > 1000
