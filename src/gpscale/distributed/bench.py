@@ -142,7 +142,7 @@ def _stream_rows(stream: FieldStream, start: int, stop: int) -> tuple[torch.Tens
 
 
 def _bench_ggp_rank(n: int, d: int, grid_size: int, num_probes: int, epochs: int,
-                    seed: int) -> dict[str, Any]:
+                    seed: int, chunk_size: int = dggp.DEFAULT_CHUNK) -> dict[str, Any]:
     """One rank of :func:`bench_ggp`: hold the shard, statistics, ``epochs`` Adam epochs."""
     env = current()
     torch.manual_seed(seed)
@@ -156,7 +156,7 @@ def _bench_ggp_rank(n: int, d: int, grid_size: int, num_probes: int, epochs: int
     x, y = _stream_rows(FieldStream(n=n, num_dims=d, seed=seed, chunk_size=100_000), start,
                         stop)  # this rank's shard, held as in a data-parallel run
     tic = time.perf_counter()
-    stats = dggp.statistics(model, (x, y), start=start, num_points=n)
+    stats = dggp.statistics(model, (x, y), start=start, num_points=n, chunk_size=chunk_size)
     stats_time = all_reduce_max(time.perf_counter() - tic)
     stats_peak = peak_rss_mb() - base  # the shard plus the statistics pass
     history = fit(model, dggp.ShardedGGPLoss(stats), (x, y), config,
@@ -169,7 +169,8 @@ def _bench_ggp_rank(n: int, d: int, grid_size: int, num_probes: int, epochs: int
 
 def bench_ggp(n: int, *, nprocs: tuple[int, ...] = (1, 2), d: int = 2, grid_size: int = 100,
               num_probes: int = 16, epochs: int = 3, seed: int = 0,
-              threads: int | None = None) -> list[dict[str, Any]]:
+              threads: int | None = None,
+              chunk_size: int = dggp.DEFAULT_CHUNK) -> list[dict[str, Any]]:
     """Statistics time, time per epoch and peak memory per rank of GGP for each process count.
 
     Args:
@@ -181,6 +182,8 @@ def bench_ggp(n: int, *, nprocs: tuple[int, ...] = (1, 2), d: int = 2, grid_size
         epochs: Adam epochs (≥ 2 so that the first can be dropped from the epoch time).
         seed: data, probe and model seed (the same for every P).
         threads: torch threads per rank; default cores // P.
+        chunk_size: rows per chunk of the statistics pass (its working set, the part of the
+            memory that does not fall with P, grows with it).
 
     Returns:
         One row per P: ``nproc``, ``n``, ``num_grid``, ``stats_time_s``, ``time_per_epoch_s``,
@@ -192,8 +195,8 @@ def bench_ggp(n: int, *, nprocs: tuple[int, ...] = (1, 2), d: int = 2, grid_size
     """
     rows = []
     for p in nprocs:
-        ranks = launch(_bench_ggp_rank, (n, d, grid_size, num_probes, epochs, seed), nproc=p,
-                       threads=threads)
+        ranks = launch(_bench_ggp_rank, (n, d, grid_size, num_probes, epochs, seed, chunk_size),
+                       nproc=p, threads=threads)
         times = ranks[0]["epoch_times_s"]
         steady = times[1:] if len(times) > 1 else times
         rows.append({"nproc": p, "n": n, "num_grid": grid_size**d,
