@@ -119,3 +119,18 @@ def test_fit_is_reproducible_under_random_state(regression_data):
     b = GPRegressor(method="svgp", num_inducing=10, epochs=3, random_state=3).fit(X, y)
     np.testing.assert_array_equal(a.predict(X[:5]), b.predict(X[:5]))
     assert torch.get_default_dtype() == torch.float64  # conftest default left untouched
+
+
+@pytest.mark.parametrize("labels", [np.array([0, 1]), np.array(["a", "b", "c"])])
+def test_iterncgp_classifier_with_default_options(labels):
+    """GPClassifier(method="iterncgp") needs no options: pre-fit kernel, Laplace, probabilities."""
+    rng = np.random.default_rng(3)
+    centers = np.array([[-2.0, 0.0], [2.0, 0.0], [0.0, 2.5]])[: len(labels)]
+    index = rng.integers(0, len(labels), 240)
+    X = centers[index] + 0.5 * rng.standard_normal((240, 2))
+    clf = GPClassifier(method="iterncgp").fit(X, labels[index])
+    proba = clf.predict_proba(X)
+    assert proba.shape == (240, len(labels))
+    np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-6)
+    assert list(clf.classes_) == sorted(labels.tolist())
+    assert clf.score(X, labels[index]) > 0.9

@@ -132,3 +132,16 @@ def test_datasets_download_checksum_failure(tmp_path, data_root, capsys):
                  "--base-url", mirror.as_uri()]) == 2
     assert "sha256 mismatch" in capsys.readouterr().err
     assert not any(p.is_file() for p in cache.rglob("*"))
+
+
+@pytest.mark.parametrize("dataset, metric, bound", [("poisson1d", "test_nll", 1.5),
+                                                    ("binary2d", "test_accuracy", 0.75)])
+def test_fit_iterncgp_on_counts_and_classes_without_flags(tmp_path, dataset, metric, bound):
+    """`gpscale fit --method iterncgp` conditions once (no training loop) on counts or classes."""
+    out = tmp_path / dataset
+    assert main(["fit", "--dataset", dataset, "--method", "iterncgp", "--out", str(out),
+                 "--no-progress"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["stopped"] == "conditioned" and metrics["epochs"] == 1
+    assert metrics[metric] < bound if metric == "test_nll" else metrics[metric] > bound
+    assert (out / "model.pt").exists()
