@@ -134,14 +134,15 @@ def test_datasets_download_checksum_failure(tmp_path, data_root, capsys):
     assert not any(p.is_file() for p in cache.rglob("*"))
 
 
-@pytest.mark.parametrize("dataset, metric, bound", [("poisson1d", "test_nll", 1.5),
-                                                    ("binary2d", "test_accuracy", 0.75)])
-def test_fit_iterncgp_on_counts_and_classes_without_flags(tmp_path, dataset, metric, bound):
+# Bounds: a constant rate scores NLL 11.5 on poisson1d; chance accuracy on binary2d is 0.5.
+@pytest.mark.parametrize("dataset, metric, low, high", [("poisson1d", "test_nll", 0.0, 1.5),
+                                                        ("binary2d", "test_accuracy", 0.75, 1.0)])
+def test_fit_iterncgp_on_counts_and_classes_without_flags(tmp_path, dataset, metric, low, high):
     """`gpscale fit --method iterncgp` conditions once (no training loop) on counts or classes."""
     out = tmp_path / dataset
     assert main(["fit", "--dataset", dataset, "--method", "iterncgp", "--out", str(out),
                  "--no-progress"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["stopped"] == "conditioned" and metrics["epochs"] == 1
-    assert metrics[metric] < bound if metric == "test_nll" else metrics[metric] > bound
+    assert low < metrics[metric] < high
     assert (out / "model.pt").exists()

@@ -183,7 +183,8 @@ def bench_ggp(n: int, *, nprocs: tuple[int, ...] = (1, 2), d: int = 2, grid_size
         seed: data, probe and model seed (the same for every P).
         threads: torch threads per rank; default cores // P.
         chunk_size: rows per chunk of the statistics pass (its working set, the part of the
-            memory that does not fall with P, grows with it).
+            memory that does not fall with P, grows with it). It also sets the chunking of the
+            probe stream, so the loss matches single-process GGP only at the default.
 
     Returns:
         One row per P: ``nproc``, ``n``, ``num_grid``, ``stats_time_s``, ``time_per_epoch_s``,
