@@ -75,13 +75,16 @@ def test_curve_reports_the_kernel_it_used():
     assert out["kernel"]["outputscale"] == pytest.approx(5.0)
 
 
-def test_mnist_svgp_runs_learned_and_frozen_at_the_prefit_kernel(monkeypatch, tmp_path):
-    prefit = {"kernel": "matern32", "lengthscale": 23.2, "outputscale": 3.36}
+def _fake_mnist_runs(monkeypatch, time_s: float, setup_s: float, kernel=None) -> list:
+    """Replace the IterNCGP and SVGP runs of the MNIST part by instant fakes; returns the list
+    the SVGP specs are appended to. ``kernel`` is what the fake IterNCGP reports (default: the
+    run's own options)."""
     specs = []
 
     def fake_curve(data, options, budget):
-        return {"curve": [{"time_s": 7.0, "epoch": 1}], "setup_s": 3.0, "train_time_s": 7.0,
-                "kernel": prefit, "newton_steps": 1, "stopped": "converged"}
+        used = kernel or {k: options[k] for k in iterncgp.MNIST_PAPER}
+        return {"curve": [{"time_s": time_s, "epoch": 1}], "setup_s": setup_s,
+                "train_time_s": time_s, "kernel": used, "newton_steps": 1, "stopped": "converged"}
 
     def fake_svgp(spec):
         specs.append(spec)
@@ -89,6 +92,12 @@ def test_mnist_svgp_runs_learned_and_frozen_at_the_prefit_kernel(monkeypatch, tm
 
     monkeypatch.setattr(iterncgp, "_iterncgp_curve", fake_curve)
     monkeypatch.setattr(iterncgp, "_svgp", fake_svgp)
+    return specs
+
+
+def test_mnist_svgp_runs_learned_and_frozen_at_the_prefit_kernel(monkeypatch):
+    prefit = {"kernel": "matern32", "lengthscale": 23.2, "outputscale": 3.36}
+    specs = _fake_mnist_runs(monkeypatch, 7.0, 3.0, kernel=prefit)
     rows = iterncgp._part_mnist(False, [], runs=("pcg-j5-prefit",))
     assert [r["setting"] for r in rows] == [
         "pcg-j5-prefit", "100/class, learned", "100/class, pre-fit kernel frozen"]
@@ -97,3 +106,17 @@ def test_mnist_svgp_runs_learned_and_frozen_at_the_prefit_kernel(monkeypatch, tm
     frozen = specs[1].options
     assert frozen["learn_kernel"] is False and frozen["mean_constant"] == 0.0
     assert {k: frozen[k] for k in prefit} == prefit
+
+
+@pytest.mark.parametrize("time_s, budget", [(30.0, iterncgp.MNIST_PAPER_SVGP_BUDGET_S),
+                                            (300.0, 300.5)])
+def test_mnist_paper_runs_compare_with_svgp_frozen_at_the_paper_kernel(monkeypatch, time_s,
+                                                                       budget):
+    specs = _fake_mnist_runs(monkeypatch, time_s, 0.5)
+    rows = iterncgp._part_mnist(False, [], runs=("cg-j1-paper", "cg-j5-paper"))
+    assert [r["setting"] for r in rows] == [
+        "cg-j1-paper", "cg-j5-paper", "100/class, paper kernel frozen"]
+    (spec,) = specs  # no pre-fit run, so no learned or pre-fit-frozen SVGP
+    assert spec.max_time == pytest.approx(budget)  # the paper's 200 s, or IterNCGP's if longer
+    assert spec.options["learn_kernel"] is False and spec.options["mean_constant"] == 0.0
+    assert {k: spec.options[k] for k in iterncgp.MNIST_PAPER} == iterncgp.MNIST_PAPER
