@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,7 +42,7 @@ from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
 from gpscale.linalg.grid import Grid
 from gpscale.linalg.ops import rademacher
-from gpscale.methods._ski_parts import StatisticsAccumulator
+from gpscale.methods._ski_parts import StatisticsAccumulator, float64_chunks
 from gpscale.methods.ski import GGP, SufficientStatistics
 from gpscale.validation import check_xy
 
@@ -97,20 +96,8 @@ class _ProbeTape:
 
 def _local_chunks(data, chunk_size: int) -> Iterator[tuple[Tensor, Tensor]]:
     """(x, y) float64 chunks from this rank's ``(x, y)`` arrays/tensors or chunk iterable."""
-    if isinstance(data, tuple) and len(data) == 2 and hasattr(data[0], "shape"):
-        x_all, y_all = data
-        if x_all.shape[0] != y_all.shape[0]:
-            raise ValueError(f"x has {x_all.shape[0]} rows but y has {y_all.shape[0]}")
-        data = ((x_all[a: a + chunk_size], y_all[a: a + chunk_size])
-                for a in range(0, x_all.shape[0], chunk_size))
-    for x, y in data:
-        yield _as_f64(x), _as_f64(y).reshape(-1)
-
-
-def _as_f64(a) -> Tensor:
-    if isinstance(a, np.ndarray):
-        return torch.from_numpy(np.asarray(a, dtype=np.float64))
-    return a.detach().to(_F64)
+    for x, y in float64_chunks(data, chunk_size):
+        yield x, y.reshape(-1)
 
 
 def shard_statistics(grid: Grid, data: tuple | Iterable, *, start: int, num_points: int,

@@ -62,7 +62,7 @@ class SufficientStatistics:
     gram_csr: Tensor | None = None
 
 
-def _chunks(data, chunk_size: int):
+def float64_chunks(data, chunk_size: int):
     """(x, y) float64 tensor chunks from a pair of arrays/tensors/memmaps or an iterable."""
     if isinstance(data, tuple) and len(data) == 2 and hasattr(data[0], "shape"):
         x, y = data
@@ -97,7 +97,7 @@ def sufficient_statistics(data, grid: Grid, *, num_probes: int = 16, seed: int =
     """
     acc = StatisticsAccumulator(grid, num_probes)
     generator = torch.Generator().manual_seed(seed)
-    for x, y in _chunks(data, chunk_size):
+    for x, y in float64_chunks(data, chunk_size):
         check_xy(x, y.reshape(-1))
         y = y.reshape(-1)
         probes = (rademacher(y.shape[0], num_probes, dtype=_F64, generator=generator)
