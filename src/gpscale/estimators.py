@@ -9,7 +9,10 @@ Inputs (and regression targets) are standardised with training statistics by def
 constant on the training set are dropped. Any keyword that is not an estimator parameter is a
 method option (``num_inducing``, ``kernel``, ...) and round-trips through ``get_params`` /
 ``set_params`` like a parameter, so the estimators clone and grid-search as scikit-learn expects.
-Training options default to the method's own (``METHODS[key].fit_defaults``).
+Method options are checked against the method's declaration (``gpscale methods KEY``) when the
+estimator is made and again in ``fit``: an unknown name or an ill-typed value is a ``ValueError``
+listing the valid options. Training options default to the method's own
+(:data:`gpscale.training.METHOD_DEFAULTS`).
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from gpscale.data.transforms import Standardizer
 from gpscale.distributions import Predictive
 from gpscale.io import model_from_payload, model_payload
-from gpscale.methods.registry import build, get_spec
+from gpscale.methods.registry import METHODS, build, get_spec
 from gpscale.training import History, condition_only, fit, resolve_fit_config
 
 __all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload"]
@@ -55,6 +59,17 @@ class _GPEstimator(BaseEstimator):
         self.random_state = random_state
         self.progress = progress
         self._options = dict(options)
+        self._check_options()
+
+    def _check_options(self) -> dict[str, Any]:
+        """The method options, typed; ``ValueError`` for an unknown name or ill-typed value.
+
+        A ``method`` that is not a registered key is left for ``fit`` to report (scikit-learn
+        expects ``__init__`` and ``set_params`` to accept any value of a declared parameter).
+        """
+        if not (isinstance(self.method, str) and self.method in _registered()):
+            return dict(self._options)
+        return get_spec(self.method).resolve(self._options, fill_defaults=False)
 
     # -- scikit-learn parameter protocol, extended with method options -------------------------
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -76,10 +91,13 @@ class _GPEstimator(BaseEstimator):
         if x.shape[0] < 2:
             raise ValueError(f"{type(self).__name__} needs at least 2 samples; got "
                              f"n_samples={x.shape[0]}")
-        config, dtype = resolve_fit_config(
-            get_spec(self.method).fit_defaults, x.shape[0], dtype=self.dtype,
+        get_spec(self.method)  # an unknown method: ValueError listing the valid ones
+        options = self._check_options()
+        config = resolve_fit_config(
+            self.method, x.shape[0], dtype=self.dtype,
             seed=int(self.random_state), progress=bool(self.progress),
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
+        dtype = config.torch_dtype
         self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression")
                            if self.standardize else None)
         xs, ys = self._transform_xy(x, y)
@@ -87,7 +105,7 @@ class _GPEstimator(BaseEstimator):
         with torch.random.fork_rng():
             torch.manual_seed(int(self.random_state))
             model = build(self.method, xs.shape[1], task=self._task, num_classes=num_classes,
-                          init=(xs, ys), **self._options)
+                          init=(xs, ys), **options)
             model.to(dtype)
             state = None
             if model.trainable:
@@ -171,6 +189,9 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
 
     def fit(self, X, y) -> GPClassifier:
         X, y = validate_data(self, X, y, dtype=np.float64)
+        # Float labels with a fractional part (a regression target passed by mistake) are a
+        # ValueError with scikit-learn's hint, not one class per distinct value.
+        check_classification_targets(y)
         self.classes_, codes = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError(f"classification needs at least 2 classes; y has only "
@@ -190,6 +211,11 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
 
     def _extra_payload(self) -> dict[str, Any]:
         return {"classes": self.classes_}
+
+
+def _registered() -> dict[str, Any]:
+    get_spec("exact")  # loads the built-in methods
+    return METHODS
 
 
 def _condition(model, train):

@@ -12,8 +12,8 @@ from torch import nn
 from gpscale.io import load, save
 from gpscale.kernels import kernel_matrix
 from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
-from gpscale.methods import build, cagp, get_spec
-from gpscale.training import FitConfig, fit
+from gpscale.methods import build, cagp
+from gpscale.training import FitConfig, default_fit_config, fit
 
 from ._cagp_dense import (
     HYPER,
@@ -140,8 +140,8 @@ def test_float32_adam_training_stays_finite():
 
 def test_indefinite_float32_gram_falls_back_to_float64_products(monkeypatch):
     """When float32 K S makes SᵀK̂S indefinite (Parkinsons, Adam epoch 499: float32 distances
-    off by 1e-3 at σ² = 1e-4), condition warns once and uses float64 products from then on:
-    loss, gradients and predictions then match the float64 model, in the float32 dtype."""
+    off by 1e-3 at σ² = 1e-4), condition warns and uses float64 products, without changing the
+    module: loss, gradients and predictions then match the float64 model, in the float32 dtype."""
     x, y = toy_data(200)
     x32, y32 = x.float(), y.float()
     model = cagp.build_cagp_opt(D, init=(x32, y32), num_actions=20)
@@ -152,9 +152,10 @@ def test_indefinite_float32_gram_falls_back_to_float64_products(monkeypatch):
         return Z - 10.0 * S.to_dense() if xk.dtype == torch.float32 and x_rows is None else Z
 
     monkeypatch.setattr(cagp, "kernel_times", lossy)
-    with pytest.warns(RuntimeWarning, match="float64 from now on"):
+    attributes = dict(vars(model))
+    with pytest.warns(RuntimeWarning, match="recomputed in float64"):
         state = model.condition(x32, y32)
-    assert model.float64_products and state.K_S.dtype == torch.float64
+    assert state.K_S.dtype == torch.float64 and vars(model) == attributes
     loss = model.loss(state)
     loss.backward()
     assert loss.dtype == torch.float32
@@ -166,7 +167,7 @@ def test_indefinite_float32_gram_falls_back_to_float64_products(monkeypatch):
     with torch.no_grad():
         loss64 = reference.loss(reference.condition(x, y))
         torch.testing.assert_close(loss.detach().double(), loss64, rtol=1e-6, atol=1e-6)
-        pred = model.predict(model.condition(x32, y32), x32[:7])  # no second warning
+        pred = model.predict(model.condition(x32, y32), x32[:7])
         pred64 = reference.predict(reference.condition(x, y), x[:7])
     assert pred.mean.dtype == torch.float32
     torch.testing.assert_close(pred.mean.double(), pred64.mean, rtol=1e-5, atol=1e-5)
@@ -221,10 +222,10 @@ def test_condition_and_loss_do_not_mutate_the_module():
 def test_fit_defaults_follow_table_s1():
     """Adam, float32, LinearLR(end_factor=0.1), full batch."""
     for key in ("cagp-opt", "cagp-cg"):
-        defaults = get_spec(key).fit_defaults
-        assert defaults["optimizer"] == "adam" and defaults["dtype"] == "float32"
-        assert defaults["scheduler"] == "linear" and defaults["lr_end_factor"] == 0.1
-        FitConfig(**{k: v for k, v in defaults.items() if k != "dtype"})
+        config = default_fit_config(key)
+        assert config.optimizer == "adam" and config.dtype == "float32"
+        assert config.scheduler == "linear" and config.lr_end_factor == 0.1
+        assert config.batch_size is None
 
 
 @pytest.mark.parametrize("factory", [cagp.build_cagp_opt, cagp.build_cagp_cg])

@@ -175,7 +175,7 @@ def test_regressor_and_clear_errors():
         est.predict(np.array([[50.0]]))
     with pytest.raises(ValueError, match="exponential in the input dimension"):
         build("ggp", 4, init=(torch.rand(10, 4, dtype=F64), torch.rand(10, dtype=F64)))
-    with pytest.raises(ValueError, match="unknown variance"):
+    with pytest.raises(ValueError, match="option variance='full' is invalid"):
         build("ski", 1, init=(x, y), variance="full")
     with pytest.raises(ValueError, match="grid_bounds"):
         build("ggp", 1)

@@ -25,7 +25,7 @@ from gpscale.methods.solvegp import (
     build_solvegp,
     gauss_hermite,
 )
-from gpscale.training import FitConfig, fit
+from gpscale.training import FitConfig, default_fit_config, fit
 
 from ._solvegp_dense import (
     HYPER,
@@ -344,8 +344,9 @@ def test_estimators_fit_and_predict():
 def test_registry_entry():
     spec = get_spec("solvegp")
     assert spec.tasks == ("regression", "classification")
-    assert spec.fit_defaults == {"optimizer": "adam", "lr": 0.01, "epochs": 50,
-                                 "batch_size": 1024, "dtype": "float32"}
+    config = default_fit_config("solvegp")
+    assert (config.optimizer, config.lr, config.epochs, config.batch_size, config.dtype) == (
+        "adam", 0.01, 50, 1024, "float32")
 
 
 CASES = {

@@ -88,7 +88,10 @@ class RunSpec:
             raise ValueError("a CSV file needs --target COLUMN (a name or an index)")
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be ≥ 0; got {self.eval_every}")
-        get_spec(self.method)  # unknown method: ValueError listing valid ones
+        # Unknown method: ValueError listing valid ones; options checked against the
+        # method's declaration and typed ("32" from the command line becomes 32).
+        typed = get_spec(self.method).resolve(self.options, fill_defaults=False)
+        object.__setattr__(self, "options", typed)
 
 
 @dataclass
@@ -109,12 +112,13 @@ def load_data(spec: RunSpec) -> Dataset:
 
 
 def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
-    """The method's default training options with the spec's overrides applied."""
-    return resolve_fit_config(
-        get_spec(spec.method).fit_defaults, num_train, dtype=spec.dtype, epochs=spec.epochs,
+    """The method's default training options with the spec's overrides applied, and its dtype."""
+    config = resolve_fit_config(
+        spec.method, num_train, dtype=spec.dtype, epochs=spec.epochs,
         lr=spec.lr, batch_size=spec.batch_size, optimizer=spec.optimizer,
         max_time=spec.max_time, scheduler=spec.scheduler, seed=spec.seed,
         checkpoint=spec.checkpoint, progress=spec.progress, eval_every=spec.eval_every or None)
+    return config, config.torch_dtype
 
 
 def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,

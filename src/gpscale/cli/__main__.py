@@ -20,11 +20,20 @@ import torch
 __all__ = ["main", "build_parser"]
 
 
-def _option(text: str) -> tuple[str, Any]:
-    """Parse ``key=value`` with the value read as JSON when it parses (numbers, true, lists)."""
+def _option(text: str) -> tuple[str, str]:
+    """Parse a method option ``key=value``; the value stays text, typed by the method's
+    declaration (``gpscale methods KEY``)."""
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, raw = text.split("=", 1)
+    if not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip().replace("-", "_"), raw
+
+
+def _data_option(text: str) -> tuple[str, Any]:
+    """Parse a dataset option ``key=value`` with the value read as JSON when it parses."""
+    key, raw = _option(text)
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
@@ -39,50 +48,74 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target column of --data: a header name or an index")
     p.add_argument("--task", default="regression",
                    choices=["regression", "classification", "counts"], help="task of --data")
-    p.add_argument("--method", required=True, help="method key (see `gpscale methods`)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--optimizer", choices=["adam", "lbfgs"])
-    p.add_argument("--scheduler", choices=["linear", "none"])
-    p.add_argument("--max-time", type=float, help="training budget in seconds")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="evaluate on the test set every K epochs (0: only at the end)")
-    p.add_argument("--dtype", choices=["float32", "float64"])
-    p.add_argument("--split", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--method", required=True,
+                   help="method key (`gpscale methods` lists them, `gpscale methods KEY` its "
+                   "options and training defaults)")
+    method_default = "default: the method's (see `gpscale methods KEY`)"
+    p.add_argument("--epochs", type=int, help=f"most training epochs; {method_default}")
+    p.add_argument("--lr", type=float, help=f"initial learning rate; {method_default}")
+    p.add_argument("--batch-size", type=int,
+                   help=f"minibatch size (a size ≥ n trains full batch); {method_default}")
+    p.add_argument("--optimizer", choices=["adam", "lbfgs"], help=method_default)
+    p.add_argument("--scheduler", choices=["linear", "none"],
+                   help=f"learning-rate schedule (linear: decays to 0.1 lr); {method_default}")
+    p.add_argument("--max-time", type=float, metavar="SECONDS",
+                   help="wall-clock training budget in seconds (default: none)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="K",
+                   help="evaluate on the test set every K epochs (default 0: only at the end)")
+    p.add_argument("--dtype", choices=["float32", "float64"],
+                   help=f"training precision; {method_default}")
+    p.add_argument("--split", type=int, default=0,
+                   help="which train/test split of the dataset (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds initialisation and minibatch order (default 0)")
     p.add_argument("--out", default="runs/fit", help="output folder (default runs/fit)")
-    p.add_argument("--checkpoint", help="checkpoint file; a killed run resumes from it")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="checkpoint file written every epoch; a killed run resumes from it "
+                   "(default: none)")
     p.add_argument("--option", "-o", action="append", type=_option, default=[],
-                   metavar="KEY=VALUE", help="method option, e.g. -o num_inducing=1024")
-    p.add_argument("--data-option", action="append", type=_option, default=[],
+                   metavar="KEY=VALUE", help="method option, e.g. -o num_inducing=1024 "
+                   "(repeatable; `gpscale methods KEY` lists them with types and defaults)")
+    p.add_argument("--data-option", action="append", type=_data_option, default=[],
                    metavar="KEY=VALUE", help="dataset option, e.g. --data-option n=100000")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (default: a bar on a terminal)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gpscale import __version__
+
+    # -v works before or after the subcommand: the subparsers share this parent, with a
+    # SUPPRESS default so that a subparser does not overwrite a -v given before it.
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="log progress to stderr")
     parser = argparse.ArgumentParser(
-        prog="gpscale", description="Scalable Gaussian processes: train, predict, benchmark.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+        prog="gpscale", description="Scalable Gaussian processes: train, predict, benchmark.",
+        parents=[verbose])
+    parser.add_argument("--version", action="version", version=f"gpscale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="fit a scalable method and a baseline on synthetic data")
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[verbose], **kwargs)
+
+    demo = add("demo", help="fit a scalable method and a baseline on synthetic data")
     demo.add_argument("--out", default="runs/demo")
     demo.add_argument("--quick", action="store_true", help="smaller data, fewer epochs")
 
-    fitp = sub.add_parser("fit", help="train a method on a dataset and write metrics and model")
+    fitp = add("fit", help="train a method on a dataset and write metrics and model")
     _add_fit_flags(fitp)
     fitp.add_argument("--nproc", type=int, default=1, metavar="P",
                       help="train data-parallel in P local processes (cagp-opt and minibatch "
                       "methods); several machines: see `python -m pydoc gpscale.distributed`")
 
-    pred = sub.add_parser("predict", help="predict with a saved model on a CSV file")
+    pred = add("predict", help="predict with a saved model on a CSV file")
     pred.add_argument("--model", required=True, help="model.pt written by `gpscale fit`")
     pred.add_argument("--data", required=True, help="CSV file of inputs")
     pred.add_argument("--target", help="a column to drop from the CSV (its target), if present")
     pred.add_argument("--out", help="write predictions here (CSV); default stdout")
 
-    bench = sub.add_parser("bench", help="run a benchmark suite")
+    bench = add("bench", help="run a benchmark suite")
     bench.add_argument("suite", help="suite name (`gpscale bench list` lists them)")
     bench.add_argument("--out", help="output folder (default runs/bench-SUITE)")
     bench.add_argument("--quick", action="store_true", help="a small smoke-test version")
@@ -91,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "SoftKI-512,SVGP-512 (suites with labelled runs: softki; "
                        "iterncgp's MNIST runs)")
 
-    ds = sub.add_parser("datasets", help="list datasets, or download one")
+    ds = add("datasets", help="list datasets, or download one")
     ds_sub = ds.add_subparsers(dest="action")
     ds_sub.add_parser("list", help="list datasets (the default)")
     dl = ds_sub.add_parser("download", help="download a dataset into the cache")
@@ -101,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "file names are appended (https://... or file:///...)")
     dl.add_argument("--force", action="store_true")
 
-    sub.add_parser("methods", help="list method keys")
+    meth = add("methods", help="list method keys, or one method's options")
+    meth.add_argument("key", nargs="?", help="a method key: list its options (types, defaults, "
+                      "help) and training defaults")
     return parser
 
 
@@ -196,8 +231,20 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
 
 def _cmd_methods(args: argparse.Namespace) -> int:
     from gpscale.methods.registry import METHODS, get_spec
+    from gpscale.training import default_fit_config
 
     get_spec("exact")  # loads the built-in methods
+    if args.key:
+        spec = get_spec(args.key)
+        config = default_fit_config(args.key)
+        print(f"{spec.key}: {spec.summary}")
+        print(f"tasks: {', '.join(spec.tasks)}; status: {spec.status}")
+        print(f"training defaults: optimizer={config.optimizer} lr={config.lr} "
+              f"epochs={config.epochs} batch_size={config.batch_size} "
+              f"scheduler={config.scheduler} dtype={config.dtype} max_time={config.max_time}")
+        print("options (-o KEY=VALUE, or estimator keywords):")
+        print(spec.describe())
+        return 0
     for key, spec in sorted(METHODS.items()):
         print(f"{key:10s} {spec.status:12s} {','.join(spec.tasks):28s} {spec.summary}")
     return 0
@@ -217,7 +264,7 @@ COMMANDS = {"fit": _cmd_fit, "predict": _cmd_predict, "bench": _cmd_bench,
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     threads = os.environ.get("GPSCALE_THREADS")

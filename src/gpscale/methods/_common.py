@@ -40,7 +40,7 @@ from gpscale.kernels import make_kernel
 from gpscale.validation import check_num_points, check_x, check_xy
 
 __all__ = [
-    "check_task_and_init", "follow_init", "prior_options", "prior_modules",
+    "check_task_and_init", "default_size", "follow_init", "prior_options", "prior_modules",
     "gaussian_likelihood", "kmeans_points", "inducing_options", "initial_inducing_points",
     "resolve_num_classes", "gpytorch_mode", "translate_cholesky_errors",
 ]
@@ -124,9 +124,27 @@ def gaussian_likelihood(noise: float) -> gpytorch.likelihoods.GaussianLikelihood
     return likelihood
 
 
-def inducing_options(init: tuple[Tensor, Tensor] | None, *, num_inducing: int = 512,
+def default_size(value: int | None, num_points: int | None, cap: int, divisor: int,
+                 name: str) -> int:
+    """``value``, or when it is ``None`` ``min(cap, n // divisor)`` (at least 1) for n points.
+
+    Inducing points and actions default to a number that scales with small data sets (a fixed
+    512 fails on every set of fewer than 512 training points) and is ``cap`` from
+    ``cap · divisor`` points on.
+    """
+    if value is not None:
+        return int(value)
+    if num_points is None:
+        raise ValueError(f"{name} must be given when no init data is")
+    return max(1, min(cap, int(num_points) // divisor))
+
+
+def inducing_options(init: tuple[Tensor, Tensor] | None, *, num_inducing: int | None = None,
                      seed: int = 0, kmeans_max_points: int = 10_000) -> dict[str, Any]:
-    """Resolve and check the inducing-point options (k-means needs n ≥ ``num_inducing``)."""
+    """Resolve and check the inducing-point options (k-means needs n ≥ ``num_inducing``);
+    ``num_inducing=None`` is min(512, n/2) (:func:`default_size`)."""
+    num_inducing = default_size(num_inducing, None if init is None else init[0].shape[0], 512,
+                                2, "num_inducing")
     if num_inducing < 1:
         raise ValueError(f"num_inducing must be positive; got {num_inducing}")
     if kmeans_max_points < num_inducing:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from gpscale.distributions import Predictive
 from gpscale.kernels import (
+    KERNELS,
     kernel_diag,
     kernel_hyperparameters,
     kernel_matmul,
@@ -33,20 +34,45 @@ from gpscale.kernels import (
 )
 from gpscale.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, Softmax
 from gpscale.methods.base import probit_binary_probs
+from gpscale.methods.options import Option
 from gpscale.methods.registry import build
 from gpscale.validation import check_x, check_xy
 
 __all__ = [
-    "FIT_DEFAULTS", "LatentKernel", "PredictiveOptions", "fixed_kernel", "hyperparameter_options",
+    "LAPLACE_PRIOR_OPTIONS", "PREFIT_OPTIONS", "LatentKernel", "PredictiveOptions",
+    "fixed_kernel", "hyperparameter_options",
     "latent_predictive", "likelihood_for_task",
     "prefit_hyperparameters", "probit_softmax_probs",
 ]
 
 PROBS = ("probit", "mc")
-FIT_DEFAULTS = {"optimizer": "adam", "lr": 0.01, "epochs": 1, "batch_size": None,
-                "dtype": "float64"}
-"""``MethodSpec.fit_defaults`` of ``iterncgp`` and ``sod-laplace``: nothing is trained (the
-class attribute ``trainable`` is False); float64 as in the paper."""
+LAPLACE_PRIOR_OPTIONS = (
+    Option("kernel", "str", "matern32", "covariance function of the latent GPs",
+           choices=KERNELS),
+    Option("ard", "bool", False, "one lengthscale per input dimension"),
+    Option("lengthscale", "floats", None, "fixed lengthscale(s); none: from the SVGP pre-fit",
+           minimum=0, exclusive=True),
+    Option("outputscale", "floats", None, "fixed kernel variance(s); none: from the pre-fit",
+           minimum=0, exclusive=True),
+    Option("shared_kernel", "bool", True, "one kernel for all classes (else one per class)"),
+    Option("prior_mean", "float", 0.0, "constant prior mean of the latent GPs"),
+    Option("probs", "str", "probit", "class probabilities by the probit approximation or "
+           "Monte Carlo", choices=PROBS),
+    Option("num_samples", "int", 1000, "Monte Carlo samples per test point (probs=mc)",
+           minimum=1),
+    Option("seed", "int", 0, "seeds the chol order, the pre-fit and Monte Carlo draws"),
+)
+"""Prior and predictive options shared by ``iterncgp`` and ``sod-laplace``."""
+
+PREFIT_OPTIONS = (
+    Option("prefit_steps", "int", 100, "Adam steps of the SVGP hyperparameter pre-fit",
+           minimum=1),
+    Option("prefit_num_inducing", "int", 64, "inducing points per class of the pre-fit",
+           minimum=1),
+    Option("prefit_lr", "float", 0.05, "learning rate of the pre-fit", minimum=0,
+           exclusive=True),
+    Option("prefit_batch_size", "int", 1024, "minibatch size of the pre-fit", minimum=1),
+)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from gpscale.distributions import Predictive
 from gpscale.likelihoods import Likelihood
 from gpscale.linalg.solvers import Cholesky, CholeskyState
 from gpscale.methods._iterncgp_setup import (
-    FIT_DEFAULTS,
+    LAPLACE_PRIOR_OPTIONS,
+    PREFIT_OPTIONS,
     TASKS,
     LatentKernel,
     PredictiveOptions,
@@ -39,6 +40,7 @@ from gpscale.methods._iterncgp_setup import (
 )
 from gpscale.methods._iterncgp_solver import Stopping
 from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.options import Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
@@ -222,5 +224,13 @@ register(MethodSpec(
     factory=build_sod_laplace,
     tasks=TASKS,
     summary="Subset-of-data Laplace (dense Cholesky on N_sub random points), IterNCGP baseline",
-    fit_defaults=dict(FIT_DEFAULTS),
+    options=(
+        Option("num_subset", "int", 1000, "random training points N_sub of the dense Laplace",
+               minimum=1),
+        Option("max_newton_steps", "int", 100, "most Newton steps", minimum=1),
+        Option("outer_rtol", "float", 0.01, "Newton stops at this relative change (0: run "
+               "max_newton_steps)", minimum=0),
+        *LAPLACE_PRIOR_OPTIONS,
+        *PREFIT_OPTIONS,
+    ),
 ))

@@ -29,8 +29,10 @@ moves the float32 loss by ~1e-4 per datum on a 200-point problem, float64 by ~1e
 When SᵀK̂S from float32 products is not positive definite (σ² near its floor of 1e-4 with a
 short lengthscale: float32 distances then err by ~1e-3 in D², and K's entrywise errors, summed
 over a block of actions, exceed σ² ‖s_j‖²; Parkinsons at Adam epoch 499), ``condition`` warns
-and computes K S from float64 inputs and actions from then on (``float64_products``); the
-parameters, the loss and the optimiser stay in the training dtype.
+and recomputes K S from float64 inputs and actions (the state's ``K_S`` is then float64); the
+parameters, the loss and the optimiser stay in the training dtype. ``condition`` keeps no memory
+of this (it never changes the module), so each call tries the training dtype first: once the
+fallback is needed every epoch costs one wasted float32 product, about 1.5x the float64 epoch.
 
 Cost per loss: CaGP-Opt ≈ n²/2 kernel evaluations (K S with the symmetric block-sparse product,
 no n × n tensor) + O(n i² + i³); CaGP-CG i CG products with K̂ plus K S, O(n² i). Memory O(n i).
@@ -76,12 +78,14 @@ from gpscale.linalg.policies.block_sparse import (
 from gpscale.linalg.policies.residual import ResidualPolicy
 from gpscale.methods._common import (
     check_task_and_init,
+    default_size,
     follow_init,
     gaussian_likelihood,
     prior_modules,
     prior_options,
 )
 from gpscale.methods.base import Method, as_dtype, predict_in_chunks
+from gpscale.methods.options import KERNEL_PRODUCT_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_num_points, check_x, check_xy
 
@@ -167,7 +171,6 @@ class CaGP(Method):
         self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
         self.policy, self.objective, self.num_dims = policy, objective, num_dims
         self.chunk_size, self.backend = chunk_size, backend
-        self.float64_products = False
 
     @property
     def noise(self) -> Tensor:
@@ -183,17 +186,15 @@ class CaGP(Method):
         S = self.policy(lambda V: kernel_matmul(self.kernel, x, x, V, chunk_size=self.chunk_size,
                                                 backend=self.backend) + noise * V, r)
         check_num_points(x.shape[0], S.shape[-1], "actions")
-        if self.float64_products:
-            x, S = upcast(x), upcast_actions(S)
         try:
             Z, G_K, D, logdet_D, L = self._gram(x, S, noise)
         except NumericalError:
-            if self.float64_products:
+            if x.dtype == torch.float64:
                 raise
-            self.float64_products = True  # from now on: K S from float64 inputs and actions
+            # The message has no changing numbers, so Python's default filter shows it once.
             warnings.warn(f"CaGP: SᵀK̂S from {x.dtype} kernel products is not positive definite "
-                          f"at noise {float(noise.detach()):.3g}; the kernel products run in "
-                          "float64 from now on (about 2x slower)", RuntimeWarning, stacklevel=2)
+                          "(noise σ² near its floor); the kernel products are recomputed in "
+                          "float64 (about 2x slower)", RuntimeWarning, stacklevel=2)
             x, S = upcast(x), upcast_actions(S)
             Z, G_K, D, logdet_D, L = self._gram(x, S, noise)
         y_proj = upcast(S.mT @ r)  # line 2, ỹ = Sᵀ r
@@ -357,7 +358,7 @@ def iterative_posterior(matmul: Matmul, rhs: Tensor, policy: Callable[[int, Tens
 
 
 def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
-                   init: tuple[Tensor, Tensor] | None = None, num_actions: int = 512,
+                   init: tuple[Tensor, Tensor] | None = None, num_actions: int | None = None,
                    action_init: str = "random", num_train: int | None = None, seed: int = 0,
                    objective: str = "elbo", chunk_size: int | None = None,
                    backend: str = "auto", **prior: Any) -> CaGP:
@@ -387,6 +388,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
     if action_init not in ACTION_INITS:
         raise ValueError(f"unknown action_init {action_init!r}; valid: {', '.join(ACTION_INITS)}")
     n = _num_train(init, num_train)
+    num_actions = default_size(num_actions, n, 512, 2, "num_actions")
     check_num_points(n, num_actions, "actions")
     opts = prior_options(init, task, num_dims, **prior)
     mean, kernel = prior_modules(num_dims, opts)
@@ -409,7 +411,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
 
 
 def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
-                  init: tuple[Tensor, Tensor] | None = None, num_actions: int = 512,
+                  init: tuple[Tensor, Tensor] | None = None, num_actions: int | None = None,
                   rtol: float = 1e-4, objective: str = "elbo", chunk_size: int | None = None,
                   backend: str = "auto", **prior: Any) -> CaGP:
     """Factory of ``cagp-cg``: CG-residual actions (see :mod:`gpscale.methods.registry`).
@@ -430,6 +432,8 @@ def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int |
             than ``num_actions``.
     """
     check_task_and_init("cagp-cg", task, ("regression",), num_dims, init)
+    num_actions = default_size(num_actions, None if init is None else init[0].shape[0], 512, 2,
+                               "num_actions")
     if init is not None:
         check_num_points(init[0].shape[0], num_actions, "actions")
     opts = prior_options(init, task, num_dims, **prior)
@@ -453,19 +457,23 @@ def _num_train(init: tuple[Tensor, Tensor] | None, num_train: int | None) -> int
     return int(init[0].shape[0])
 
 
-# Table S1: Adam in float32 with PyTorch's LinearLR(end_factor=0.1), full batch; lr 0.1 is the
-# middle of the paper's sweep {1, 0.1, 0.01}. The paper runs 1000 (CaGP-Opt) and 250 (CaGP-CG)
-# epochs on a GPU; on a 2-core CPU one CaGP-Opt epoch at n = 15k, i = 512 takes ~2–4 s and one
-# CaGP-CG epoch (512 CG products with K̂) minutes, hence 200 and 50 (override with epochs=...).
-_ADAM_LINEAR = {"optimizer": "adam", "batch_size": None, "dtype": "float32",
-                "scheduler": "linear", "lr_end_factor": 0.1}
+_NUM_ACTIONS = Option("num_actions", "int", None, "number of actions i (the posterior's rank); "
+                      "none: min(512, n/2)", minimum=1)
+_OBJECTIVE = Option("objective", "str", "elbo", "training objective", choices=OBJECTIVES)
 
 register(MethodSpec(
     key="cagp-opt",
     factory=build_cagp_opt,
     tasks=("regression",),
     summary="CaGP-Opt: computation-aware GP, learned block-sparse actions, ELBO (O(n²/2) per step)",
-    fit_defaults={**_ADAM_LINEAR, "lr": 0.1, "epochs": 200},
+    options=(
+        _NUM_ACTIONS,
+        Option("action_init", "str", "random", "initial action entries", choices=ACTION_INITS),
+        Option("seed", "int", 0, "seeds the block assignment and the random action entries"),
+        _OBJECTIVE, *KERNEL_PRODUCT_OPTIONS, *PRIOR_OPTIONS,
+        Option("num_train", "int", None, "number of training points n", minimum=1,
+               hidden=True),
+    ),
 ))
 
 register(MethodSpec(
@@ -473,5 +481,10 @@ register(MethodSpec(
     factory=build_cagp_cg,
     tasks=("regression",),
     summary="CaGP-CG: computation-aware GP, CG-residual actions, ELBO (O(n² i) per step)",
-    fit_defaults={**_ADAM_LINEAR, "lr": 0.1, "epochs": 50},
+    options=(
+        _NUM_ACTIONS,
+        Option("rtol", "float", 1e-4, "CG relative residual tolerance (Table S1)", minimum=0,
+               exclusive=True),
+        _OBJECTIVE, *KERNEL_PRODUCT_OPTIONS, *PRIOR_OPTIONS,
+    ),
 ))

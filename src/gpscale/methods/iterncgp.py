@@ -77,7 +77,8 @@ from gpscale.errors import NumericalError
 from gpscale.likelihoods import Likelihood
 from gpscale.linalg.policies.unit_vector import UnitVectorPolicy
 from gpscale.methods._iterncgp_setup import (
-    FIT_DEFAULTS,
+    LAPLACE_PRIOR_OPTIONS,
+    PREFIT_OPTIONS,
     TASKS,
     LatentKernel,
     PredictiveOptions,
@@ -97,6 +98,7 @@ from gpscale.methods._iterncgp_solver import (
     virtual_solver_run,
 )
 from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.options import KERNEL_PRODUCT_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
@@ -435,5 +437,21 @@ register(MethodSpec(
     factory=build_iterncgp,
     tasks=TASKS,
     summary="IterNCGP: computation-aware Laplace (Newton + IterGP), recycling, compression",
-    fit_defaults=dict(FIT_DEFAULTS),
+    options=(
+        Option("policy", "str", "cg", "IterGP action policy: residuals (cg), "
+               "W-preconditioned residuals (pcg), unit vectors (chol)", choices=tuple(POLICIES)),
+        Option("max_iterations", "int", 5, "IterGP iterations per Newton step", minimum=1),
+        Option("max_newton_steps", "int", 100, "most Newton steps", minimum=1),
+        Option("outer_rtol", "float", 0.01, "Newton stops at this relative change (0: run "
+               "max_newton_steps)", minimum=0),
+        Option("atol", "float", 1e-5, "inner solve absolute tolerance", minimum=0),
+        Option("rtol", "float", 1e-5, "inner solve relative tolerance", minimum=0),
+        Option("recycle", "bool", True, "recycle actions across Newton steps"),
+        Option("compression_rank", "int", None, "compress recycled actions to this rank; "
+               "none: no compression", minimum=1),
+        *LAPLACE_PRIOR_OPTIONS,
+        Option("line_search", "bool", True, "backtracking line search on each Newton step"),
+        *KERNEL_PRODUCT_OPTIONS,
+        *PREFIT_OPTIONS,
+    ),
 ))

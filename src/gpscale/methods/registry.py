@@ -1,5 +1,11 @@
 """Registry of method keys: ``METHODS[key]`` describes and builds each inference family.
 
+Each key declares its options once (:class:`~gpscale.methods.options.Option`: name, kind,
+default, help); :func:`build` validates what it is given against that declaration — an unknown
+key or an ill-typed value is a ``ValueError`` listing the valid options — and passes the factory
+every declared option, defaults filled in. Training defaults are not declared here but beside
+``FitConfig`` (:data:`gpscale.training.config.METHOD_DEFAULTS`).
+
 A factory has the signature ``factory(num_dims, *, task, num_classes, init, **options) ->
 Method``. ``init`` is ``(x, y)`` training data used for data-dependent initialisation (k-means
 inducing points, noise) or ``None`` when a saved model is being rebuilt (its parameters then come
@@ -10,12 +16,13 @@ so that ``build(key, num_dims, init=None, **model.options)`` rebuilds the same a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
 from gpscale.methods.base import Method
+from gpscale.methods.options import Option, describe_options, resolve_options
 
 __all__ = ["MethodSpec", "METHODS", "register", "build", "get_spec"]
 
@@ -30,7 +37,8 @@ class MethodSpec:
         tasks: the tasks it supports.
         summary: one line for listings.
         status: ``"ready"``, ``"experimental"`` or ``"planned"``.
-        fit_defaults: default ``FitConfig`` fields (optimizer, lr, epochs, batch_size, ...).
+        options: the declared method options (what ``-o KEY=VALUE`` and the estimators'
+            keywords accept).
     """
 
     key: str
@@ -38,7 +46,20 @@ class MethodSpec:
     tasks: tuple[str, ...]
     summary: str
     status: str = "ready"
-    fit_defaults: dict[str, Any] = field(default_factory=dict)
+    options: tuple[Option, ...] = ()
+
+    def __post_init__(self):
+        names = [o.name for o in self.options]
+        if len(set(names)) != len(names):
+            raise ValueError(f"method {self.key!r} declares an option twice: {names}")
+
+    def resolve(self, options: dict[str, Any], *, fill_defaults: bool = True) -> dict[str, Any]:
+        """``options`` checked against the declaration and typed (``OptionError`` if not)."""
+        return resolve_options(self.key, self.options, options, fill_defaults=fill_defaults)
+
+    def describe(self) -> str:
+        """The options table that ``gpscale methods KEY`` prints."""
+        return describe_options(self.options)
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -65,7 +86,8 @@ def build(key: str, num_dims: int, *, task: str = "regression", num_classes: int
     if task not in spec.tasks:
         raise ValueError(f"method {key!r} does not support task {task!r}; it supports "
                          f"{', '.join(spec.tasks)}")
-    model = spec.factory(num_dims, task=task, num_classes=num_classes, init=init, **options)
+    resolved = spec.resolve(options)
+    model = spec.factory(num_dims, task=task, num_classes=num_classes, init=init, **resolved)
     model.method_key = key
     model.num_dims = num_dims
     return model

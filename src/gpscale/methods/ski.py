@@ -104,6 +104,7 @@ from gpscale.methods._common import (
 )
 from gpscale.methods._ski_parts import SufficientStatistics, grid_options, sufficient_statistics
 from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.options import Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
@@ -514,18 +515,43 @@ def build_ski(num_dims: int, *, task: str = "regression", num_classes: int | Non
     return _build(SKI, "ski", num_dims, task=task, init=init, **options)
 
 
-# Full-batch Adam (the statistics are sums over all data; a minibatch would need new ones).
-_FIT = {"optimizer": "adam", "batch_size": None, "dtype": "float64", "lr": 0.05, "epochs": 40}
+def _grid_options() -> tuple[Option, ...]:
+    return (
+        Option("grid_size", "ints", None, "grid points per dimension (one or a list); none: "
+               "1024 / 100² / 32³ for d = 1 / 2 / 3", minimum=2),
+        Option("grid_bounds", "bounds", None, "(lower, upper) box of the grid; none: the data's "
+               "box widened by grid_margin"),
+        Option("grid_margin", "float", 0.1, "fraction of the data range added each side",
+               minimum=0),
+        Option("interpolation", "str", "cubic", "interpolation weights",
+               choices=("cubic", "linear")),
+        Option("solver", "str", "auto", "mean solve (auto: preconditioned for a Kronecker K_G; "
+               "ski: auto or iterative)", choices=SOLVERS),
+        Option("rtol", "float", 1e-3, "relative residual tolerance of the solves", minimum=0,
+               exclusive=True),
+        Option("max_iters", "int", 1000, "most iterations per solve", minimum=1),
+        Option("num_probes", "int", 16, "probe vectors of the log-determinant estimate",
+               minimum=0),
+        Option("variance", "str", "lanczos", "predictive variance: low-rank Lanczos or exact "
+               "solves", choices=VARIANCES),
+        Option("variance_rank", "int", 128, "rank of the Lanczos variance", minimum=1),
+        Option("seed", "int", 0, "seeds the probe vectors"),
+        Option("wtw_format", "str", "csr", "storage of WᵀW", choices=("csr", "stencil")),
+        *prior_options_with(kernel="rbf"),
+        Option("grid_lower", "floats", None, "lower grid corner", hidden=True),
+        Option("grid_upper", "floats", None, "upper grid corner", hidden=True),
+    )
+
 
 register(MethodSpec(
     key="ggp", factory=build_ggp, tasks=("regression",),
     summary="GGP/GSGP: SKI from sufficient statistics WᵀW, Wᵀy; O(m log m) per iteration, "
             "independent of n (d ≤ 3)",
-    fit_defaults=_FIT,
+    options=_grid_options(),
 ))
 
 register(MethodSpec(
     key="ski", factory=build_ski, tasks=("regression",),
     summary="SKI / KISS-GP: CG on W K_G Wᵀ + σ²I, O(n + m log m) per iteration (d ≤ 3)",
-    fit_defaults=_FIT,
+    options=_grid_options(),
 ))

@@ -101,6 +101,7 @@ from gpscale.methods._common import (
     prior_options,
 )
 from gpscale.methods.base import Method, as_dtype, predict_in_chunks
+from gpscale.methods.options import INDUCING_OPTIONS, Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
@@ -352,7 +353,7 @@ def _check_options(*, noise: float, objective: str, num_probes: int, chunk_size:
 
 
 def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
-                 init: tuple[Tensor, Tensor] | None = None, num_inducing: int = 512,
+                 init: tuple[Tensor, Tensor] | None = None, num_inducing: int | None = None,
                  temperature: float = 1.0, objective: str = "pseudoloss", num_probes: int = 10,
                  noise: float = 1e-3, learn_noise: bool = False, kernel: str = "rbf",
                  ard: bool = False, lengthscale: float | None = None,
@@ -367,7 +368,7 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
         num_classes: unused (regression).
         init: ``(x, y)``: points start at k-means centres of x, c = mean(y); ``None``
             allocates placeholders to be overwritten by ``load_state_dict``.
-        num_inducing: m (the paper: 512).
+        num_inducing: m (the paper: 512); ``None``: min(512, n/2).
         temperature: τ of the softmax weights (the paper: 1).
         objective: ``'pseudoloss'`` (Hutchinson, the paper's) or ``'mll'`` (exact).
         num_probes: L Gaussian probes of the pseudoloss (the authors' code: 10).
@@ -414,6 +415,16 @@ register(MethodSpec(
     tasks=("regression",),
     summary="SoftKI: softmax interpolation from m learned points, Hutchinson pseudoloss, "
             "QR posterior (O(b m²) per step)",
-    fit_defaults={"optimizer": "adam", "lr": 0.01, "epochs": 50, "batch_size": 1024,
-                  "dtype": "float32"},
+    options=INDUCING_OPTIONS + (
+        Option("temperature", "float", 1.0, "softmax temperature τ", minimum=0, exclusive=True),
+        Option("objective", "str", "pseudoloss", "Hutchinson pseudoloss (the paper's) or the "
+               "exact likelihood", choices=OBJECTIVES),
+        Option("num_probes", "int", 10, "Gaussian probes of the pseudoloss", minimum=1),
+        Option("noise", "float", 1e-3, "noise variance β² (the paper: fixed 1e-3)", minimum=0,
+               exclusive=True),
+        Option("learn_noise", "bool", False, "learn β² too"),
+        *prior_options_with(kernel="rbf", ard=False, noise=False),
+        Option("chunk_size", "int", 4096, "rows per block of the interpolation products",
+               minimum=1),
+    ),
 ))

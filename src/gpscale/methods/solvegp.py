@@ -89,6 +89,7 @@ from gpscale.likelihoods import Bernoulli, Softmax
 from gpscale.linalg.ops import add_jitter, upcast
 from gpscale.methods._common import (
     check_task_and_init,
+    default_size,
     follow_init,
     gaussian_likelihood,
     prior_modules,
@@ -117,6 +118,7 @@ from gpscale.methods._solvegp_parts import (
     optimal_q_v,
 )
 from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
@@ -408,8 +410,8 @@ class SolveGP(Method):
 
 
 def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
-                  init: tuple[Tensor, Tensor] | None = None, num_inducing: int = 256,
-                  num_orthogonal: int = 256, objective: str = "elbo", whiten: bool = True,
+                  init: tuple[Tensor, Tensor] | None = None, num_inducing: int | None = None,
+                  num_orthogonal: int | None = None, objective: str = "elbo", whiten: bool = True,
                   orthogonal_q: str = "full", seed: int = 0, kmeans_max_points: int = 10_000,
                   num_data: int | None = None, jitter: float | None = None,
                   num_quadrature: int = 20, num_likelihood_samples: int = 32,
@@ -443,6 +445,9 @@ def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int |
             M + M2, invalid counts, missing ``num_data`` or ``num_classes``.
     """
     check_task_and_init("solvegp", task, TASKS, num_dims, init, num_classes)
+    n_init = None if init is None else init[0].shape[0]
+    num_inducing = default_size(num_inducing, n_init, 256, 4, "num_inducing")
+    num_orthogonal = default_size(num_orthogonal, n_init, 256, 4, "num_orthogonal")
     check_choice("objective", objective, OBJECTIVES)
     check_choice("orthogonal_q", orthogonal_q, ORTHOGONAL_Q)
     check_sizes(init, num_inducing=num_inducing, num_orthogonal=num_orthogonal,
@@ -490,7 +495,24 @@ register(MethodSpec(
     factory=build_solvegp,
     tasks=TASKS,
     summary="SOLVE-GP: M standard + M2 orthogonal inducing points, minibatch ELBO (or collapsed)",
-    # As the svgp baseline; the paper (App. G): Adam, lr 0.01, batch 1024 (100 epochs).
-    fit_defaults={"optimizer": "adam", "lr": 0.01, "epochs": 50, "batch_size": 1024,
-                  "dtype": "float32"},
+    options=(
+        Option("num_inducing", "int", None, "standard inducing points M; none: min(256, n/4)",
+               minimum=1),
+        Option("num_orthogonal", "int", None, "orthogonal inducing points M2; none: "
+               "min(256, n/4)", minimum=1),
+        Option("objective", "str", "elbo", "minibatch ELBO or the collapsed bound",
+               choices=OBJECTIVES),
+        Option("whiten", "bool", True, "whitened parametrisation of q(u)"),
+        Option("orthogonal_q", "str", "full", "covariance of the orthogonal q(v)",
+               choices=ORTHOGONAL_Q),
+        *INDUCING_OPTIONS[1:],
+        Option("jitter", "float", None, "jitter of the inducing Gram matrices; none: by dtype",
+               minimum=0),
+        Option("num_quadrature", "int", 20, "Gauss-Hermite points of non-Gaussian "
+               "likelihoods", minimum=1),
+        Option("num_likelihood_samples", "int", 32, "Monte Carlo samples of the softmax "
+               "likelihood", minimum=1),
+        *PRIOR_OPTIONS,
+        Option("num_data", "int", None, "number of training points N", minimum=1, hidden=True),
+    ),
 ))

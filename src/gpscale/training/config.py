@@ -1,4 +1,5 @@
-"""Training configuration: a frozen dataclass validated on construction."""
+"""Training configuration: a frozen dataclass validated on construction, and each method's
+defaults as one (:data:`METHOD_DEFAULTS`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["FitConfig", "OPTIMIZERS", "SCHEDULERS", "resolve_fit_config"]
+__all__ = ["FitConfig", "OPTIMIZERS", "SCHEDULERS", "DTYPES", "METHOD_DEFAULTS",
+           "default_fit_config", "resolve_fit_config"]
 
 OPTIMIZERS = ("adam", "lbfgs")
 SCHEDULERS = ("linear", "none")
+DTYPES = ("float32", "float64")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class FitConfig:
         progress: show a tqdm bar; ``None`` shows it only when stderr is a terminal.
         lbfgs_max_iter: L-BFGS iterations inside one epoch's ``step``.
         grad_clip: clip the gradient norm to this value; ``None`` = no clipping.
+        dtype: ``"float32"`` or ``"float64"``, the precision the harness trains the model and
+            its data in (``training.fit`` itself follows the model's).
     """
 
     optimizer: str = "adam"
@@ -53,8 +58,11 @@ class FitConfig:
     progress: bool | None = None
     lbfgs_max_iter: int = 20
     grad_clip: float | None = None
+    dtype: str = "float64"
 
     def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}; got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}; got {self.optimizer!r}")
         if self.scheduler not in SCHEDULERS:
@@ -74,6 +82,10 @@ class FitConfig:
             raise ValueError(f"lr_end_factor must lie in (0, 1]; got {self.lr_end_factor}")
         if self.grad_clip is not None:
             _positive("grad_clip", self.grad_clip)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,20 +109,50 @@ def _positive_int(name: str, value: int) -> None:
         raise ValueError(f"{name} must be an integer ≥ 1; got {value!r}")
 
 
-def resolve_fit_config(defaults: dict[str, Any], num_train: int,
-                       **overrides: Any) -> tuple[FitConfig, torch.dtype]:
-    """A method's default training options (``MethodSpec.fit_defaults``) with overrides.
+_FULL_BATCH_ADAM = FitConfig(optimizer="adam", batch_size=None)
+_MINIBATCH = FitConfig(optimizer="adam", lr=0.01, epochs=50, batch_size=1024, dtype="float32")
 
-    ``None``-valued overrides keep the default. The ``dtype`` default (``"float32"`` or
-    ``"float64"``, overridable by ``dtype=``) is returned separately as a torch dtype. A batch
-    size at least ``num_train`` becomes full-batch training.
+METHOD_DEFAULTS: dict[str, FitConfig] = {
+    # GPyTorch baselines: full batch in float64; SVGP minibatches in float32 as GPyTorch's examples.
+    "exact": replace(_FULL_BATCH_ADAM, lr=0.1, epochs=50),
+    "cggp": replace(_FULL_BATCH_ADAM, lr=0.1, epochs=50),
+    "sgpr": replace(_FULL_BATCH_ADAM, lr=0.1, epochs=100),
+    "svgp": _MINIBATCH,
+    # SOLVE-GP as the svgp baseline; the paper (App. G): Adam, lr 0.01, batch 1024.
+    "solvegp": _MINIBATCH,
+    # SoftKI: the paper's Adam, lr 0.01, batch 1024 in float32.
+    "softki": _MINIBATCH,
+    # CaGP, Table S1: Adam in float32 with LinearLR(end_factor=0.1), full batch; lr 0.1 is the
+    # middle of the paper's sweep {1, 0.1, 0.01}. The paper runs 1000 (CaGP-Opt) and 250
+    # (CaGP-CG) epochs on a GPU; on a 2-core CPU one CaGP-Opt epoch at n = 15k, i = 512 takes
+    # ~2–4 s and one CaGP-CG epoch minutes, hence 200 and 50.
+    "cagp-opt": FitConfig(lr=0.1, epochs=200, scheduler="linear", lr_end_factor=0.1,
+                          dtype="float32"),
+    "cagp-cg": FitConfig(lr=0.1, epochs=50, scheduler="linear", lr_end_factor=0.1,
+                         dtype="float32"),
+    # IterNCGP and its SoD baseline train nothing (``trainable`` is False); float64 as the paper.
+    "iterncgp": replace(_FULL_BATCH_ADAM, epochs=1),
+    "sod-laplace": replace(_FULL_BATCH_ADAM, epochs=1),
+    # SKI/GGP: full batch (the statistics are sums over all data; a minibatch needs new ones).
+    "ski": replace(_FULL_BATCH_ADAM, lr=0.05, epochs=40),
+    "ggp": replace(_FULL_BATCH_ADAM, lr=0.05, epochs=40),
+}
+"""Each method key's default training settings; a key not listed trains with ``FitConfig()``."""
+
+
+def default_fit_config(method: str) -> FitConfig:
+    """The training defaults of method key ``method``."""
+    return METHOD_DEFAULTS.get(method, FitConfig())
+
+
+def resolve_fit_config(method: str | FitConfig, num_train: int, **overrides: Any) -> FitConfig:
+    """A method's default training settings (or ``FitConfig`` ``method``) with overrides.
+
+    ``None``-valued overrides keep the default; an unknown key is a ``ValueError`` listing the
+    valid ones. A batch size at least ``num_train`` becomes full-batch training.
     """
-    defaults = dict(defaults)
-    dtype_name = overrides.pop("dtype", None) or defaults.pop("dtype", "float64")
-    defaults.pop("dtype", None)
-    if dtype_name not in ("float32", "float64"):
-        raise ValueError(f"dtype must be 'float32' or 'float64'; got {dtype_name!r}")
-    config = FitConfig(**defaults).updated(**overrides)
+    base = method if isinstance(method, FitConfig) else default_fit_config(method)
+    config = base.updated(**overrides)
     if config.batch_size is not None and config.batch_size >= num_train:
         config = replace(config, batch_size=None)
-    return config, getattr(torch, dtype_name)
+    return config

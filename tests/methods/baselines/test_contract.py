@@ -10,6 +10,7 @@ import torch
 
 from gpscale.methods import build, get_spec
 from gpscale.methods.baselines import build_cggp, build_exact, build_sgpr, build_svgp
+from gpscale.training import METHOD_DEFAULTS, default_fit_config
 
 CASES = {
     "exact": ("exact", "regression", {}),
@@ -55,11 +56,12 @@ def _assert_same_predictive(a, b, tol=0.0):
 
 @pytest.mark.parametrize("key", ["exact", "cggp", "sgpr", "svgp"])
 def test_registry_entry(key):
-    """Each key is registered with the fit defaults the training loop reads."""
+    """Each key is registered, with training defaults the training loop reads."""
     spec = get_spec(key)
-    assert set(spec.fit_defaults) == {"optimizer", "lr", "epochs", "batch_size", "dtype"}
-    assert spec.fit_defaults["optimizer"] in ("adam", "lbfgs")
-    assert spec.fit_defaults["dtype"] in ("float32", "float64")
+    config = default_fit_config(key)
+    assert config is METHOD_DEFAULTS[key]
+    assert (config.batch_size, config.dtype) == ((1024, "float32") if key == "svgp"
+                                                 else (None, "float64"))
     assert spec.tasks == (("regression", "classification") if key == "svgp" else ("regression",))
 
 

@@ -44,6 +44,7 @@ from gpscale.methods._common import (
     translate_cholesky_errors,
 )
 from gpscale.methods.baselines.exact import ExactGPyTorch
+from gpscale.methods.options import PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 
 __all__ = ["CGSettings", "build_cggp"]
@@ -147,6 +148,19 @@ register(MethodSpec(
     factory=build_cggp,
     tasks=("regression",),
     summary="GPyTorch ExactGP through CG/Lanczos (BBMM), pivoted-Cholesky preconditioner",
-    fit_defaults={"optimizer": "adam", "lr": 0.1, "epochs": 50, "batch_size": None,
-                  "dtype": "float64"},
+    options=PRIOR_OPTIONS + (
+        Option("cg_tolerance", "float", 1.0, "CG residual tolerance in training", minimum=0,
+               exclusive=True),
+        Option("eval_cg_tolerance", "float", 0.01, "CG residual tolerance at prediction",
+               minimum=0, exclusive=True),
+        Option("max_cg_iterations", "int", 1000, "most CG iterations per solve", minimum=1),
+        Option("num_trace_samples", "int", 10, "probe vectors of the stochastic trace",
+               minimum=1),
+        Option("max_lanczos_quadrature_iterations", "int", 20,
+               "Lanczos iterations of the log-determinant estimate", minimum=1),
+        Option("max_preconditioner_size", "int", 15, "rank of the pivoted-Cholesky "
+               "preconditioner", minimum=0),
+        Option("min_preconditioning_size", "int", 2000, "precondition only from this n on",
+               minimum=0),
+    ),
 ))

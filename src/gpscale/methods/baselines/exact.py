@@ -53,6 +53,7 @@ from gpscale.methods.baselines._exactgp import (
     gaussian_predictive,
     negative_mll,
 )
+from gpscale.methods.options import PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
@@ -192,11 +193,18 @@ def build_exact(num_dims: int, *, task: str = "regression", num_classes: int | N
     return follow_init(model, init)
 
 
+CHOLESKY_OPTIONS = (
+    Option("cholesky_jitter_float", "float", 1e-6, "first diagonal jitter of a float32 Cholesky",
+           minimum=0),
+    Option("cholesky_jitter_double", "float", 1e-8, "first diagonal jitter of a float64 Cholesky",
+           minimum=0),
+    Option("cholesky_max_tries", "int", 3, "Cholesky retries with a 10x larger jitter", minimum=0),
+)
+
 register(MethodSpec(
     key="exact",
     factory=build_exact,
     tasks=("regression",),
     summary="GPyTorch ExactGP, Cholesky in float64 (O(n³); the dense baseline)",
-    fit_defaults={"optimizer": "adam", "lr": 0.1, "epochs": 50, "batch_size": None,
-                  "dtype": "float64"},
+    options=PRIOR_OPTIONS + CHOLESKY_OPTIONS,
 ))

@@ -55,7 +55,8 @@ from gpscale.methods.baselines._exactgp import (
     gaussian_predictive,
     negative_mll,
 )
-from gpscale.methods.baselines.exact import CholeskySettings
+from gpscale.methods.baselines.exact import CHOLESKY_OPTIONS, CholeskySettings
+from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
@@ -134,7 +135,7 @@ class SGPR(Method):
 
 
 def build_sgpr(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
-               init: tuple[Tensor, Tensor] | None = None, num_inducing: int = 512,
+               init: tuple[Tensor, Tensor] | None = None, num_inducing: int | None = None,
                seed: int = 0, kmeans_max_points: int = 10_000,
                cholesky_jitter_float: float = 1e-6, cholesky_jitter_double: float = 1e-8,
                cholesky_max_tries: int = 3, **prior: Any) -> SGPR:
@@ -146,7 +147,7 @@ def build_sgpr(num_dims: int, *, task: str = "regression", num_classes: int | No
         num_classes: unused (regression).
         init: ``(x, y)``: inducing points start at k-means centres of x; ``None`` allocates
             placeholders to be overwritten by ``load_state_dict``.
-        num_inducing: m.
+        num_inducing: m; ``None``: min(512, n/2).
         seed: seeds the k-means subsample and k-means itself.
         kmeans_max_points: k-means runs on at most this many (randomly chosen) rows of x.
         cholesky_jitter_float, cholesky_jitter_double, cholesky_max_tries: see
@@ -178,6 +179,5 @@ register(MethodSpec(
     factory=build_sgpr,
     tasks=("regression",),
     summary="GPyTorch SGPR (InducingPointKernel, Titsias bound), k-means inducing points",
-    fit_defaults={"optimizer": "adam", "lr": 0.1, "epochs": 100, "batch_size": None,
-                  "dtype": "float64"},
+    options=INDUCING_OPTIONS + PRIOR_OPTIONS + CHOLESKY_OPTIONS,
 ))

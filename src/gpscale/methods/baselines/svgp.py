@@ -55,6 +55,7 @@ from gpscale.methods._common import (
 )
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.baselines.exact import NEVER_CG
+from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
@@ -249,7 +250,7 @@ class SVGP(Method):
 
 
 def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
-               init: tuple[Tensor, Tensor] | None = None, num_inducing: int = 512,
+               init: tuple[Tensor, Tensor] | None = None, num_inducing: int | None = None,
                seed: int = 0, kmeans_max_points: int = 10_000, num_data: int | None = None,
                variational_jitter_float: float = 1e-4, variational_jitter_double: float = 1e-6,
                num_likelihood_samples: int = 64, learn_kernel: bool = True,
@@ -262,7 +263,7 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
         num_classes: C; inferred from ``init`` labels (max + 1, at least 2) when ``None``.
         init: ``(x, y)``: k-means inducing points, N = len(y), data-dependent prior defaults;
             ``None`` allocates placeholders to be overwritten by ``load_state_dict``.
-        num_inducing: m (per latent GP).
+        num_inducing: m (per latent GP); ``None``: min(512, n/2).
         seed: seeds k-means, its subsample and the Monte Carlo softmax probabilities.
         kmeans_max_points: k-means runs on at most this many (randomly chosen) rows of x.
         num_data: N; required when ``init`` is ``None``.
@@ -317,6 +318,15 @@ register(MethodSpec(
     factory=build_svgp,
     tasks=TASKS,
     summary="GPyTorch SVGP (whitened, learned inducing points), minibatch ELBO",
-    fit_defaults={"optimizer": "adam", "lr": 0.01, "epochs": 50, "batch_size": 1024,
-                  "dtype": "float32"},
+    options=INDUCING_OPTIONS + PRIOR_OPTIONS + (
+        Option("learn_kernel", "bool", True, "learn the kernel hyperparameters and the mean "
+               "(false: frozen at their initial values)"),
+        Option("num_likelihood_samples", "int", 64, "Monte Carlo samples of the softmax "
+               "likelihood", minimum=1),
+        Option("variational_jitter_float", "float", 1e-4, "jitter of K_zz in float32",
+               minimum=0),
+        Option("variational_jitter_double", "float", 1e-6, "jitter of K_zz in float64",
+               minimum=0),
+        Option("num_data", "int", None, "number of training points N", minimum=1, hidden=True),
+    ),
 ))
