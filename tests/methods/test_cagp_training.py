@@ -222,10 +222,12 @@ def test_condition_and_loss_do_not_mutate_the_module():
 def test_fit_defaults_follow_table_s1():
     """Adam, float32, LinearLR(end_factor=0.1), full batch."""
     for key in ("cagp-opt", "cagp-cg"):
-        config = default_fit_config(key)
+        config = default_fit_config(key, "paper")
         assert config.optimizer == "adam" and config.dtype == "float32"
         assert config.scheduler == "linear" and config.lr_end_factor == 0.1
         assert config.batch_size is None
+        default = default_fit_config(key)  # the best learning rate of Table 1 on most sets
+        assert (default.lr, default.scheduler, default.dtype) == (1.0, "plateau", "float32")
 
 
 @pytest.mark.parametrize("factory", [cagp.build_cagp_opt, cagp.build_cagp_cg])

@@ -136,7 +136,7 @@ def test_method_training_defaults_are_fit_configs():
     assert set(METHOD_DEFAULTS) == set(KEYS)
     assert all(isinstance(c, FitConfig) for c in METHOD_DEFAULTS.values())
     config = resolve_fit_config("svgp", 500, lr=None, epochs=3, dtype="float64")
-    assert (config.lr, config.epochs, config.dtype, config.batch_size) == (0.01, 3, "float64",
+    assert (config.lr, config.epochs, config.dtype, config.batch_size) == (0.1, 3, "float64",
                                                                            None)
     assert config.torch_dtype == torch.float64
     assert default_fit_config("not-a-key") == FitConfig()
@@ -192,7 +192,8 @@ def test_cli_option_for_another_method(capsys):
 def test_cli_methods_key_lists_options_and_defaults(capsys):
     rc, out, _ = _cli(capsys, "methods", "svgp")
     assert rc == 0
-    assert "training defaults: optimizer=adam lr=0.01 epochs=50 batch_size=1024" in out
+    assert ("training defaults: optimizer=adam lr=0.1 epochs=1000 batch_size=1024 "
+            "scheduler=plateau dtype=float32 max_time=300.0") in out
     row = next(line for line in out.splitlines() if line.startswith("num_inducing "))
     assert row.split()[1:7] == ["int", "≥", "1", "or", "none", "None"]
     assert "min(512, n/2)" in row

@@ -344,7 +344,7 @@ def test_estimators_fit_and_predict():
 def test_registry_entry():
     spec = get_spec("solvegp")
     assert spec.tasks == ("regression", "classification")
-    config = default_fit_config("solvegp")
+    config = default_fit_config("solvegp", "paper")
     assert (config.optimizer, config.lr, config.epochs, config.batch_size, config.dtype) == (
         "adam", 0.01, 50, 1024, "float32")
 

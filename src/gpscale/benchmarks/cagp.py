@@ -112,7 +112,7 @@ def plan(quick: bool = False, datasets: tuple[str, ...] | None = None) -> list[E
 
 
 def _spec(entry: Entry, quick: bool) -> RunSpec:
-    return RunSpec(method=entry.method, dataset=entry.dataset, split=0, seed=0,
+    return RunSpec(preset="paper", method=entry.method, dataset=entry.dataset, split=0, seed=0,
                    optimizer=entry.optimizer, lr=entry.lr, epochs=entry.epochs,
                    max_time=None if quick else BUDGET_S[entry.dataset],
                    eval_every=entry.eval_every, progress=False,

@@ -163,7 +163,7 @@ def _gmm_child(method: str, options: dict[str, Any], per_class: tuple[int, int],
                budget: float | None, quick: bool) -> dict[str, Any]:
     """One run of part (a), meant for a fresh process (``peak_memory_mb``)."""
     if method == "svgp":
-        spec = RunSpec(method="svgp", dataset="gmm10", split=0, seed=0, lr=0.01,
+        spec = RunSpec(preset="paper", method="svgp", dataset="gmm10", split=0, seed=0, lr=0.01,
                        batch_size=1024, epochs=2 if quick else 100_000, max_time=budget,
                        eval_every=1 if quick else 10, progress=False,
                        dataset_options={"num_train_per_class": per_class[0],
@@ -246,7 +246,7 @@ def _part_mnist(quick: bool, curves: list[dict[str, Any]],
                       max(MNIST_PAPER_SVGP_BUDGET_S, *paper_times)))
     for setting, options, budget in svgps:
         log.info("iterncgp: mnist, svgp (%s) for %.0f s", setting, budget)
-        spec = RunSpec(method="svgp", dataset="mnist", split=0, seed=0, lr=0.01,
+        spec = RunSpec(preset="paper", method="svgp", dataset="mnist", split=0, seed=0, lr=0.01,
                        batch_size=1024, epochs=2 if quick else 100_000,
                        max_time=None if quick else budget, eval_every=1 if quick else 5,
                        progress=False, options={"num_inducing": 10 if quick else 100, **options})

@@ -58,7 +58,7 @@ def run(out_dir: Path, *, quick: bool = False,
     rows = []
     for dataset, method, options, overrides in _plan(quick, datasets):
         log.info("peers: %s on %s", method, dataset)
-        spec = RunSpec(method=method, dataset=dataset, split=0, seed=0,
+        spec = RunSpec(preset="paper", method=method, dataset=dataset, split=0, seed=0,
                        options={"kernel": "matern32", "ard": True, **options},
                        max_time=None if quick else MAX_TIME, eval_every=EVAL_EVERY,
                        progress=False, **overrides)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +52,8 @@ class RunSpec:
         task: task of a CSV dataset (regression, classification, counts).
         split, seed: data split and seed (seed also drives initialisation and shuffling).
         epochs, lr, batch_size, optimizer, max_time, scheduler: training overrides.
+        preset: the training defaults these override: ``"default"`` (stop on convergence
+            within a time budget) or ``"paper"`` (the fixed epochs of the benchmark suites).
         eval_every: epochs between test evaluations during training; 0 evaluates only at the end.
         dtype: ``"float32"`` or ``"float64"``; ``None`` takes the method's default.
         options: method options (``num_inducing``, ``kernel``, ...).
@@ -73,6 +76,7 @@ class RunSpec:
     optimizer: str | None = None
     max_time: float | None = None
     scheduler: str | None = None
+    preset: str = "default"
     eval_every: int = 0
     dtype: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
@@ -114,11 +118,27 @@ def load_data(spec: RunSpec) -> Dataset:
 def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
     """The method's default training options with the spec's overrides applied, and its dtype."""
     config = resolve_fit_config(
-        spec.method, num_train, dtype=spec.dtype, epochs=spec.epochs,
+        spec.method, num_train, preset=spec.preset, dtype=spec.dtype, epochs=spec.epochs,
         lr=spec.lr, batch_size=spec.batch_size, optimizer=spec.optimizer,
         max_time=spec.max_time, scheduler=spec.scheduler, seed=spec.seed,
         checkpoint=spec.checkpoint, progress=spec.progress, eval_every=spec.eval_every or None)
     return config, config.torch_dtype
+
+
+def plan_text(method: str, config: FitConfig) -> str:
+    """One line saying how ``method`` will train: budget, schedule, stopping rule."""
+    budget = f"{config.epochs} epochs"
+    if config.max_time is not None:
+        budget += f" or {config.max_time:g} s"
+    batch = "full batch" if config.batch_size is None else f"batches of {config.batch_size}"
+    floor = config.lr * config.lr_end_factor
+    rule = {"plateau": f"lr {config.lr:g} lowered x{config.plateau_factor:g} on each loss "
+                       f"plateau, stopping when converged (lr below {floor:g})",
+            "linear": f"lr {config.lr:g} decaying linearly over the epochs",
+            "budget": f"lr {config.lr:g} decaying linearly over the budget",
+            "none": f"constant lr {config.lr:g}"}[config.scheduler]
+    return (f"{method}: training for at most {budget} ({config.optimizer}, {batch}, "
+            f"{config.dtype}; {rule}); --epochs / --max-time change the budget")
 
 
 def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,
@@ -133,6 +153,8 @@ def run(spec: RunSpec) -> RunResult:
     """Train and evaluate ``spec.method`` on the spec's data; see the module docstring."""
     data = load_data(spec)
     config, dtype = fit_config(spec, data.num_train)
+    if spec.progress is not False:
+        print(plan_text(spec.method, config), file=sys.stderr)
     x, x_test = data.x_train.to(dtype), data.x_test.to(dtype)
     y = data.y_train.to(dtype) if data.task != "classification" else data.y_train
     with torch.random.fork_rng():

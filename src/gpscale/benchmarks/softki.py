@@ -84,7 +84,8 @@ def _plan(quick: bool, datasets: tuple[str, ...] | None, runs: tuple[str, ...] |
             if quick:
                 options.update(num_inducing=QUICK["num_inducing"],
                                kmeans_max_points=QUICK["kmeans_max_points"])
-            spec = RunSpec(method=method, dataset=dataset, split=0, seed=0, options=options,
+            spec = RunSpec(preset="paper", method=method, dataset=dataset, split=0, seed=0,
+                           options=options,
                            epochs=QUICK["epochs"] if quick else EPOCHS,
                            max_time=None if quick else MAX_TIME, eval_every=0,
                            progress=False, **overrides)

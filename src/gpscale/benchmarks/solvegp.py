@@ -88,7 +88,7 @@ def run(out_dir: Path, *, quick: bool = False,
     rows = []
     for dataset, label, key, options, overrides in _plan(quick, datasets):
         log.info("solvegp: %s on %s", label, dataset)
-        spec = RunSpec(method=key, dataset=dataset, split=0, seed=0,
+        spec = RunSpec(preset="paper", method=key, dataset=dataset, split=0, seed=0,
                        options={"kernel": "matern32", "ard": True, **options},
                        batch_size=BATCH_SIZE, lr=LR, optimizer="adam", dtype="float32",
                        eval_every=0, progress=False, **overrides)

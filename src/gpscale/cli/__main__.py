@@ -57,10 +57,16 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int,
                    help=f"minibatch size (a size ≥ n trains full batch); {method_default}")
     p.add_argument("--optimizer", choices=["adam", "lbfgs"], help=method_default)
-    p.add_argument("--scheduler", choices=["linear", "none"],
-                   help=f"learning-rate schedule (linear: decays to 0.1 lr); {method_default}")
+    p.add_argument("--scheduler", choices=["plateau", "linear", "budget", "none"],
+                   help="learning-rate schedule: plateau (lower it on each loss plateau, stop "
+                   "when converged), linear (over the epochs), budget (linearly over epochs or "
+                   f"--max-time), none; {method_default}")
+    p.add_argument("--preset", choices=["default", "paper"], default="default",
+                   help="training defaults: default (stop on convergence within a time "
+                   "budget) or paper (the fixed epochs of the benchmark suites)")
     p.add_argument("--max-time", type=float, metavar="SECONDS",
-                   help="wall-clock training budget in seconds (default: none)")
+                   help="wall-clock training budget in seconds (default: 300 for the default "
+                   "preset, none when --epochs is given)")
     p.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="evaluate on the test set every K epochs (default 0: only at the end)")
     p.add_argument("--dtype", choices=["float32", "float64"],
@@ -148,7 +154,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         method=args.method, dataset=args.dataset, csv=args.data, target=args.target,
         task=args.task, split=args.split, seed=args.seed, epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size, optimizer=args.optimizer, max_time=args.max_time,
-        scheduler=args.scheduler, eval_every=args.eval_every, dtype=args.dtype,
+        scheduler=args.scheduler, preset=args.preset, eval_every=args.eval_every,
+        dtype=args.dtype,
         options=dict(args.option), dataset_options=dict(args.data_option), out=args.out,
         checkpoint=args.checkpoint, progress=False if args.no_progress else None)
     world_size = int(os.environ.get("WORLD_SIZE") or 1)  # set by torchrun

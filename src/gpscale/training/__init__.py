@@ -3,6 +3,8 @@
 from gpscale.training.callbacks import Evaluate, LogMetrics
 from gpscale.training.config import (
     METHOD_DEFAULTS,
+    PAPER_DEFAULTS,
+    PRESETS,
     FitConfig,
     default_fit_config,
     resolve_fit_config,
@@ -12,6 +14,6 @@ from gpscale.training.history import History
 
 __all__ = [
     "fit", "condition_only", "default_loss", "FitConfig", "resolve_fit_config",
-    "METHOD_DEFAULTS", "default_fit_config", "History",
+    "METHOD_DEFAULTS", "PAPER_DEFAULTS", "PRESETS", "default_fit_config", "History",
     "Evaluate", "LogMetrics",
 ]

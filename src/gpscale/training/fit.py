@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from tqdm.auto import tqdm
 from gpscale.errors import NonFiniteLossError, NumericalError
 from gpscale.training.config import FitConfig
 from gpscale.training.history import History
+from gpscale.training.schedules import Schedule
 
 __all__ = ["fit", "default_loss", "condition_only"]
 
@@ -52,7 +54,7 @@ class _Run:
     """Mutable bookkeeping of one ``fit`` call."""
 
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    scheduler: Schedule
     generator: torch.Generator
     history: History
     start_epoch: int = 1
@@ -95,7 +97,7 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    run = _start(model, params, config)
+    run = _start(model, params, config, x.shape[0])
     ckpt = Path(config.checkpoint) if config.checkpoint else None
     if ckpt is not None and config.resume and ckpt.exists():
         _load_checkpoint(ckpt, model, run)
@@ -108,12 +110,17 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
                desc="fit", unit="epoch", file=sys.stderr, dynamic_ncols=True)
     history.stopped = "running"
     try:
+        restore_point = None  # (model, optimiser) state at the start of the previous epoch
         for epoch in range(run.start_epoch, config.epochs + 1):
             good = copy.deepcopy(model.state_dict())
+            good_optimizer = copy.deepcopy(run.optimizer.state_dict())
             tic = time.perf_counter()
-            try:
-                loss = _epoch(model, loss_fn, x, y, config, run, parallel)
-            except NumericalError as err:  # e.g. a Cholesky that failed for these parameters
+            fallback = restore_point or (good, good_optimizer)
+            loss, err, restarted = _epoch_with_back_off(model, loss_fn, x, y, config, run,
+                                                        parallel, epoch, fallback)
+            if config.scheduler == "plateau":  # where this epoch (finally) started from
+                restore_point = fallback if restarted else (good, good_optimizer)
+            if err is not None:  # e.g. a Cholesky that failed for these parameters
                 model.load_state_dict(good)
                 history.stopped = "numerical-error"
                 raise NonFiniteLossError(
@@ -137,18 +144,17 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
                     checkpoint=str(ckpt) if ckpt and ckpt.exists() else None)
             row = {"epoch": epoch, "time_s": clock, "loss": loss,
                    "lr": run.optimizer.param_groups[0]["lr"]}
-            if run.scheduler is not None:
-                run.scheduler.step()
+            converged = run.scheduler.epoch_end(epoch, loss, clock) == "converged"
             out_of_time = config.max_time is not None and clock >= config.max_time
-            last = epoch == config.epochs or out_of_time
+            last = epoch == config.epochs or out_of_time or converged
             _run_callbacks(callbacks, model, epoch, row, final=last)
             history.append(row)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4g}")
             if ckpt is not None and main and (epoch % config.checkpoint_every == 0 or last):
                 _save_checkpoint(ckpt, model, run, epoch, clock)
-            if out_of_time:
-                history.stopped = "time"
+            if out_of_time or converged:
+                history.stopped = "converged" if converged else "time"
                 break
         else:
             history.stopped = "epochs"
@@ -185,19 +191,50 @@ def condition_only(model: nn.Module, data: tuple[Tensor, Tensor],
     return history, state
 
 
-def _start(model: nn.Module, params: list[nn.Parameter], config: FitConfig) -> _Run:
+def _start(model: nn.Module, params: list[nn.Parameter], config: FitConfig,
+           num_train: int) -> _Run:
     if config.optimizer == "adam":
         optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=config.lr)
     else:
         optimizer = torch.optim.LBFGS(params, lr=config.lr, max_iter=config.lbfgs_max_iter,
                                       line_search_fn="strong_wolfe")
-    scheduler = None
-    if config.scheduler == "linear":
-        scheduler = torch.optim.lr_scheduler.LinearLR(
-            optimizer, start_factor=1.0, end_factor=config.lr_end_factor,
-            total_iters=config.epochs)
+    steps = 1 if config.batch_size is None else math.ceil(num_train / config.batch_size)
+    scheduler = Schedule(optimizer, config, steps)
     generator = torch.Generator().manual_seed(config.seed)
     return _Run(optimizer, scheduler, generator, History())
+
+
+def _epoch_with_back_off(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor,
+                         config: FitConfig, run: _Run, parallel: Any, epoch: int,
+                         restore_point: tuple[dict[str, Any], dict[str, Any]]
+                         ) -> tuple[float, NumericalError | None, bool]:
+    """One epoch; under the plateau schedule a failed epoch (non-finite loss or a numerical
+    error) is retried at a lower learning rate, with a warning, until the learning rate would
+    fall below its floor. Returns (mean loss, the error that ended it, whether it restarted).
+
+    An epoch's loss is evaluated at the parameters the previous epoch's last step produced, so
+    a failure is that step's fault: the retry starts from ``restore_point``, the model and
+    optimiser state at the start of the previous epoch (of this epoch for the first one).
+    """
+    restarted = False
+    while True:
+        try:
+            loss, err = _epoch(model, loss_fn, x, y, config, run, parallel), None
+        except NumericalError as error:
+            loss, err = math.nan, error
+        if math.isfinite(loss) or config.scheduler != "plateau":
+            return loss, err, restarted
+        old_lr = run.scheduler.lr
+        if not run.scheduler.reduce():
+            return loss, err, restarted
+        restarted = True
+        model.load_state_dict(restore_point[0])
+        run.optimizer.load_state_dict(restore_point[1])
+        run.scheduler.apply()  # the reload brought back the old learning rate
+        what = f"a numerical error ({err})" if err is not None else f"a loss of {loss}"
+        warnings.warn(f"epoch {epoch} ended in {what} at learning rate {old_lr:.3g}; retrying "
+                      f"it from its start at learning rate {run.scheduler.lr:.3g}",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _batches(n: int, batch_size: int | None, generator: torch.Generator) -> Iterator[Tensor | None]:

@@ -1,0 +1,116 @@
+"""Learning-rate schedules and the convergence test of ``training.fit``.
+
+A :class:`Schedule` sets the optimiser's learning rate after every epoch and says when training
+has converged. Kinds (``FitConfig.scheduler``):
+
+``none``     constant learning rate.
+``linear``   PyTorch's ``LinearLR`` over ``epochs``: lr → lr · ``lr_end_factor`` (the CaGP
+             paper's schedule, Table S1; unchanged by a time budget).
+``budget``   linear decay over the run's budget, whichever of epochs and ``max_time`` runs out
+             first: lr · (1 − (1 − end) · p) with p = max(epoch / epochs, time / max_time).
+``plateau``  the default of every method: the learning rate is multiplied by
+             ``plateau_factor`` whenever the epoch loss has not improved for ``patience``
+             optimiser steps, and training has converged when it would fall below
+             lr · ``lr_end_factor``. Deterministic for a seed (it never reads the clock), and it
+             needs no epoch count: the budget only bounds the run.
+
+Improvement means a loss below ``best − min_delta · max(1, |best|)`` (per-datum losses, so
+``min_delta`` is a relative tolerance for large losses and an absolute one near zero).
+``patience`` counts optimiser steps and is rounded up to whole epochs (at least 2), so one
+setting serves full-batch methods (one step an epoch) and minibatch methods (n / batch steps).
+With a ``patience`` and a schedule other than ``plateau``, a plateau stops training.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["Schedule", "patience_epochs"]
+
+
+def patience_epochs(patience_steps: int, steps_per_epoch: int) -> int:
+    """``patience_steps`` optimiser steps in whole epochs, at least 2."""
+    return max(2, math.ceil(patience_steps / max(1, steps_per_epoch)))
+
+
+class Schedule:
+    """Learning rate per epoch and the convergence test (see the module docstring).
+
+    Args:
+        optimizer: its parameter groups' ``lr`` is set here.
+        config: a ``FitConfig`` (scheduler, lr, lr_end_factor, epochs, max_time, patience,
+            min_delta, plateau_factor).
+        steps_per_epoch: optimiser steps in one epoch (for ``patience``).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: Any, steps_per_epoch: int):
+        self.optimizer = optimizer
+        self.kind = config.scheduler
+        self.lr0 = float(config.lr)
+        self.end = float(config.lr_end_factor)
+        self.epochs = int(config.epochs)
+        self.max_time = config.max_time
+        self.factor = float(config.plateau_factor)
+        self.min_delta = float(config.min_delta)
+        self.patience = (None if config.patience is None
+                         else patience_epochs(config.patience, steps_per_epoch))
+        self.lr = self.lr0
+        self.best = math.inf
+        self.waited = 0
+        self.reductions = 0
+
+    def epoch_end(self, epoch: int, loss: float, clock: float) -> str | None:
+        """Record epoch ``epoch``'s mean loss at training time ``clock``; set the next learning
+        rate. Returns ``"converged"`` when training should stop, else ``None``."""
+        stop = None
+        if self.patience is not None:
+            margin = self.min_delta * max(1.0, abs(self.best))
+            if math.isinf(self.best) or loss < self.best - margin:
+                self.best, self.waited = loss, 0
+            else:
+                self.waited += 1
+            if self.waited >= self.patience:
+                self.waited = 0
+                if self.kind != "plateau" or not self.reduce():
+                    stop = "converged"
+        if self.kind == "linear":
+            progress = min(1.0, epoch / self.epochs)
+            self.lr = self.lr0 * (1.0 - (1.0 - self.end) * progress)
+        elif self.kind == "budget":
+            progress = epoch / self.epochs
+            if self.max_time is not None:
+                progress = max(progress, clock / self.max_time)
+            self.lr = self.lr0 * (1.0 - (1.0 - self.end) * min(1.0, progress))
+        self.apply()
+        return stop
+
+    def reduce(self) -> bool:
+        """Multiply the learning rate by ``plateau_factor``; ``False`` (unchanged) once it would
+        fall below lr · ``lr_end_factor``. Also used to back off after a failed epoch."""
+        smaller = self.lr * self.factor
+        if smaller < self.lr0 * self.end * (1 - 1e-9):
+            return False
+        self.lr = smaller
+        self.reductions += 1
+        self.apply()
+        return True
+
+    def apply(self) -> None:
+        """Set the optimiser's learning rate to the schedule's (after an optimiser reload)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "lr": self.lr, "best": self.best, "waited": self.waited,
+                "reductions": self.reductions}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.kind:
+            raise ValueError(f"the checkpoint was written with scheduler {state.get('kind')!r}, "
+                             f"this run uses {self.kind!r}")
+        self.lr, self.best = float(state["lr"]), float(state["best"])
+        self.waited, self.reductions = int(state["waited"]), int(state["reductions"])
+        self.apply()

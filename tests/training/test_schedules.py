@@ -1,0 +1,142 @@
+"""Learning-rate schedules, stopping on convergence and backing off after a failed step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from gpscale.errors import NonFiniteLossError, NumericalError
+from gpscale.training import FitConfig, fit, resolve_fit_config
+from gpscale.training.schedules import Schedule, patience_epochs
+
+
+class Quadratic(nn.Module):
+    """loss = (p - target)² with one parameter p starting at 0."""
+
+    def __init__(self, target: float = 3.0):
+        super().__init__()
+        self.p = nn.Parameter(torch.zeros(()))
+        self.target = target
+
+
+def quadratic_loss(model, x, y):
+    return (model.p - model.target) ** 2
+
+
+def constant_loss(model, x, y):
+    return 0.0 * model.p + 1.0
+
+
+DATA = (torch.zeros(8, 1), torch.zeros(8))
+
+
+def _optimizer():
+    return torch.optim.Adam([nn.Parameter(torch.zeros(()))], lr=1.0)
+
+
+def test_linear_matches_pytorch_linear_lr():
+    config = FitConfig(lr=0.5, epochs=7, scheduler="linear", lr_end_factor=0.1)
+    opt_ours, opt_torch = _optimizer(), _optimizer()
+    opt_torch.step()  # (no gradients: a no-op that keeps LinearLR from warning)
+    for group in opt_ours.param_groups + opt_torch.param_groups:
+        group["lr"] = 0.5
+    ours = Schedule(opt_ours, config, 1)
+    theirs = torch.optim.lr_scheduler.LinearLR(opt_torch, 1.0, 0.1, total_iters=7)
+    for epoch in range(1, 10):
+        ours.epoch_end(epoch, 1.0, 0.0)
+        theirs.step()
+        assert math.isclose(opt_ours.param_groups[0]["lr"], opt_torch.param_groups[0]["lr"],
+                            rel_tol=1e-12)
+
+
+def test_budget_schedule_decays_with_the_clock():
+    config = FitConfig(lr=1.0, epochs=1000, max_time=10.0, scheduler="budget",
+                       lr_end_factor=0.1)
+    opt = _optimizer()
+    schedule = Schedule(opt, config, 1)
+    schedule.epoch_end(1, 1.0, clock=5.0)  # half the time budget, a tenth of a percent of epochs
+    assert opt.param_groups[0]["lr"] == pytest.approx(1.0 - 0.9 * 0.5)
+    schedule.epoch_end(2, 1.0, clock=20.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_patience_is_counted_in_optimizer_steps():
+    assert patience_epochs(50, 1) == 50  # full batch: one step an epoch
+    assert patience_epochs(50, 15) == 4  # 15 minibatches an epoch
+    assert patience_epochs(50, 1000) == 2  # at least two epochs
+
+
+def test_plateau_lowers_the_rate_then_stops_as_converged():
+    """A constant loss: after each 2-epoch plateau lr × 0.3 (1 → 0.3 → 0.09 → 0.027); the next
+    would fall below 1% of the start, so the run stops in epoch 9, converged."""
+    model = Quadratic()
+    config = FitConfig(lr=1.0, epochs=100, scheduler="plateau", patience=2, plateau_factor=0.3,
+                       lr_end_factor=0.01, progress=False)
+    history = fit(model, constant_loss, DATA, config)
+    assert history.stopped == "converged" and history.epochs == 9
+    lrs = [row["lr"] for row in history.rows]
+    assert lrs == pytest.approx([1.0, 1.0, 1.0, 0.3, 0.3, 0.09, 0.09, 0.027, 0.027])
+
+
+def test_plateau_run_converges_on_a_quadratic_without_tuning():
+    model = Quadratic(target=3.0)
+    config = FitConfig(lr=1.0, epochs=2000, scheduler="plateau", patience=10,
+                       lr_end_factor=1e-3, progress=False)
+    history = fit(model, quadratic_loss, DATA, config)
+    assert history.stopped == "converged" and history.epochs < 2000
+    assert abs(float(model.p.detach()) - 3.0) < 1e-2
+
+
+def test_patience_with_a_constant_rate_stops_on_a_plateau():
+    config = FitConfig(lr=0.1, epochs=100, scheduler="none", patience=3, progress=False)
+    history = fit(Quadratic(), constant_loss, DATA, config)
+    assert history.stopped == "converged" and history.epochs == 4
+
+
+class Fragile(Quadratic):
+    """A loss that breaks down (NaN, or a failed factorisation) where p > 0.8."""
+
+
+def _fragile_loss(kind):
+    def loss(model, x, y):
+        if float(model.p.detach()) > 0.8:
+            if kind == "error":
+                raise NumericalError("Cholesky failed")
+            return model.p * math.nan
+        return (model.p - 0.5) ** 2
+    return loss
+
+
+@pytest.mark.parametrize("kind", ["nan", "error"])
+def test_plateau_backs_off_from_a_step_that_broke_the_model(kind):
+    """Adam's first step moves p by lr = 1: p = 1 breaks the loss. The run warns, goes back to
+    where that step started, retries at lr 0.3 (lower again if needed) and converges."""
+    model = Fragile()
+    config = FitConfig(lr=1.0, epochs=300, scheduler="plateau", patience=10,
+                       lr_end_factor=1e-3, progress=False)
+    with pytest.warns(RuntimeWarning, match="retrying it from its start at learning rate 0.3"):
+        history = fit(model, _fragile_loss(kind), DATA, config)
+    assert all(math.isfinite(row["loss"]) for row in history.rows)
+    assert abs(float(model.p.detach()) - 0.5) < 0.02
+
+
+def test_without_plateau_a_broken_step_still_stops_training():
+    config = FitConfig(lr=1.0, epochs=50, scheduler="none", progress=False)
+    with pytest.raises(NonFiniteLossError):
+        fit(Fragile(), _fragile_loss("nan"), DATA, config)
+
+
+def test_default_config_has_a_budget_that_explicit_epochs_replace():
+    config = resolve_fit_config("svgp", 10_000)
+    assert (config.scheduler, config.max_time, config.epochs) == ("plateau", 300.0, 1000)
+    assert resolve_fit_config("svgp", 10_000, epochs=20).max_time is None
+    assert resolve_fit_config("svgp", 10_000, epochs=20, max_time=5).max_time == 5
+    paper = resolve_fit_config("svgp", 10_000, preset="paper")
+    assert (paper.scheduler, paper.epochs, paper.lr, paper.max_time) == ("none", 50, 0.01, None)
+    with pytest.raises(ValueError, match="unknown preset"):
+        resolve_fit_config("svgp", 10, preset="fast")
+    with pytest.raises(ValueError, match="needs a patience"):
+        FitConfig(scheduler="plateau")
