@@ -9,7 +9,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpscale.linalg import fused
+
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# Tests of the compiled kernel products check the compiled code itself: compile on the first
+# call instead of in the background (tests/linalg/test_fused_background.py covers that mode).
+fused.COMPILE_IN_BACKGROUND = False
 
 
 @pytest.fixture(autouse=True)

@@ -29,8 +29,8 @@ Cost: :math:`2 n_1 n_2 (k + d)` flops forward plus O(n1 n2) elementwise; twice t
 
 from __future__ import annotations
 
-import functools
 import math
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -40,7 +40,8 @@ from torch import Tensor
 from gpscale.linalg.chunked import ChunkRule
 
 __all__ = ["DEFAULT_ROWS", "DISTANCE_TOLERANCE", "EXACT_DIFF_DIMS", "PROFILES", "TILE_ENTRIES",
-           "exact_dims", "inner_products", "sq_norms", "stationary_rule"]
+           "exact_dims", "inner_products", "sq_norms", "stationary_rule", "wait_for_compilation",
+           "COMPILE_IN_BACKGROUND"]
 
 TILE_ENTRIES = 2**20
 """Kernel entries per tile (4 MiB in float32), sized for the caches; tuned on a 2-core EPYC."""
@@ -181,34 +182,89 @@ _COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.I
                    OSError)
 
 
+COMPILE_IN_BACKGROUND = True
+"""Compile in a background thread while the calls run uncompiled (see :class:`_CompiledFunction`);
+``False`` compiles on the first call, blocking it (tests of the compiled code, benchmarks)."""
+
+
 class _CompiledFunction:
     """``fn`` compiled with ``torch.compile(dynamic=True)``, falling back to ``fn`` on failure.
 
-    The first compilation failure is reported once with a warning; later calls run ``fn``.
+    With :data:`COMPILE_IN_BACKGROUND` the first call starts the compilation in a daemon thread
+    on copies of its arguments and runs ``fn`` itself; calls use the compiled function once the
+    thread has finished, so a training run's first epochs do not wait for the compiler (seconds
+    to a minute on a cold cache). The first compilation failure is reported once with a warning
+    (in the calling thread); later calls run ``fn``.
     """
 
     def __init__(self, fn: Callable, compiler: Callable = torch.compile):
         self.fn = fn
         self.compiled = compiler(fn, dynamic=True)
         self.failed = False
+        self.ready = False
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+        self.grad_mode = True
 
     def __call__(self, *args: Tensor):
-        if not self.failed:
+        if self.error is not None:
+            self._report(self.error)
+        if not self.failed and (self.ready or not COMPILE_IN_BACKGROUND):
             try:
-                return self.compiled(*args)
+                if not COMPILE_IN_BACKGROUND:
+                    out = self.compiled(*args)
+                else:  # shapes the warm-up did not cover run uncompiled, not recompiled here
+                    with torch.compiler.set_stance("eager_on_recompile"):
+                        out = self.compiled(*args)
+                self.ready = True
+                return out
             except _COMPILE_ERRORS as exc:
-                self.failed = True
-                warnings.warn(f"torch.compile failed for the fused kernel product "
-                              f"({self.fn.__name__}): {type(exc).__name__}: {exc}; falling back "
-                              "to the uncompiled fused path (pass backend='eager' or 'fused' to "
-                              "skip compilation)", RuntimeWarning, stacklevel=2)
+                self._report(exc)
+        elif not self.failed and self.thread is None:
+            sample = tuple(a.detach().clone().requires_grad_(a.requires_grad)
+                           if isinstance(a, Tensor) else a for a in args)
+            self.grad_mode = torch.is_grad_enabled()  # grad mode is thread-local
+            self.thread = threading.Thread(target=self._warm, args=sample, daemon=True,
+                                           name=f"gpscale-compile-{self.fn.__name__}")
+            self.thread.start()
         return self.fn(*args)
 
+    def _warm(self, *sample: Tensor) -> None:
+        try:  # under the caller's grad mode (a guard of the compiled code)
+            with torch.set_grad_enabled(self.grad_mode):
+                self.compiled(*sample)
+            self.ready = True
+        except _COMPILE_ERRORS as exc:  # reported by the next call, in the caller's thread
+            self.error = exc
 
-@functools.cache
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a background compilation has finished; whether it is usable."""
+        if self.thread is not None:
+            self.thread.join(timeout)
+        return self.ready
+
+    def _report(self, exc: BaseException) -> None:
+        self.failed, self.error = True, None
+        warnings.warn(f"torch.compile failed for the fused kernel product "
+                      f"({self.fn.__name__}): {type(exc).__name__}: {exc}; falling back "
+                      "to the uncompiled fused path (pass backend='eager' or 'fused' to "
+                      "skip compilation)", RuntimeWarning, stacklevel=3)
+
+
+_COMPILED: dict[Callable, _CompiledFunction] = {}
+
+
 def _compiled(fn: Callable) -> _CompiledFunction:
     # Process-wide cache of compiled profile functions (torch.compile's own caches are global too).
-    return _CompiledFunction(fn)
+    if fn not in _COMPILED:
+        _COMPILED[fn] = _CompiledFunction(fn)
+    return _COMPILED[fn]
+
+
+def wait_for_compilation(timeout: float | None = None) -> None:
+    """Block until every background compilation started so far has finished."""
+    for compiled in _COMPILED.values():
+        compiled.wait(timeout)
 
 
 def _tiles(num_cols: int, rows: int) -> list[slice]:
