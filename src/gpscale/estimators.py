@@ -28,8 +28,9 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from gpscale.data.transforms import Standardizer
 from gpscale.distributions import Predictive
 from gpscale.io import model_from_payload, model_payload
-from gpscale.methods.registry import METHODS, build, get_spec
-from gpscale.training import History, condition_only, fit, resolve_fit_config
+from gpscale.methods.registry import METHODS, get_spec
+from gpscale.training import History, resolve_fit_config
+from gpscale.training.harness import cast, train_method
 
 __all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload"]
 
@@ -97,25 +98,16 @@ class _GPEstimator(BaseEstimator):
             self.method, x.shape[0], dtype=self.dtype,
             seed=int(self.random_state), progress=bool(self.progress),
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
-        dtype = config.torch_dtype
         self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression")
                            if self.standardize else None)
-        xs, ys = self._transform_xy(x, y)
-        xs, ys = xs.to(dtype), ys.to(dtype) if self._task == "regression" else ys
-        with torch.random.fork_rng():
-            torch.manual_seed(int(self.random_state))
-            model = build(self.method, xs.shape[1], task=self._task, num_classes=num_classes,
-                          init=(xs, ys), **options)
-            model.to(dtype)
-            state = None
-            if model.trainable:
-                self.history_: History = fit(model, None, (xs, ys), config)
-            else:
-                self.history_, state = condition_only(model, (xs, ys))
-        self.model_ = model
+        train = cast(self._transform_xy(x, y), config, self._task)
+        trained = train_method(self.method, train, task=self._task, num_classes=num_classes,
+                               options=options, config=config, seed=int(self.random_state))
+        self.model_ = trained.model
+        self.history_: History = trained.history
         self.fit_config_ = config
-        self._train = (xs, ys)
-        self._state = _condition(model, self._train) if state is None else state
+        self._train = train
+        self._state = trained.state
         self.n_features_in_ = x.shape[1]
 
     def _transform_xy(self, x, y):

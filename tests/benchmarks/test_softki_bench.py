@@ -11,26 +11,29 @@ from gpscale.benchmarks import softki
 
 
 def test_quick_run_writes_one_row_per_method(data_root, tmp_path, monkeypatch):
-    """quick=True: Elevators, 1 epoch, m = 32; four finite rows, SVGP-512's speed ratio is 1."""
+    """quick=True: Elevators, 1 epoch, m = 32; five finite rows, SVGP-512's speed ratio is 1."""
     monkeypatch.setenv("GPSCALE_DATA", str(data_root))
     rows = softki.run(tmp_path, quick=True)
-    assert [r["label"] for r in rows] == ["SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512"]
+    assert [r["label"] for r in rows] == [
+        "SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512", "SoftKI-512-fixed"]
     for r in rows:
         assert r["dataset"] == "elevators" and r["epochs"] == 1 and r["num_inducing"] == 32
         assert math.isfinite(r["test_rmse"]) and 0 < r["test_rmse"] < 2
         assert r["time_per_epoch_s"] > 0
-    assert rows[-1]["time_vs_svgp512"] == pytest.approx(1.0)
-    assert rows[0]["noise"] == pytest.approx(1e-3, rel=1e-4)  # SoftKI's fixed noise
+    assert rows[3]["time_vs_svgp512"] == pytest.approx(1.0)
+    assert rows[4]["noise"] == pytest.approx(1e-3, rel=1e-4)  # the paper's fixed noise
+    assert rows[0]["noise"] != pytest.approx(1e-3, rel=1e-2)  # calibrated after training
     assert rows[0]["paper_rmse"] == 0.389 and rows[3]["paper_time_per_epoch_s"] == 1.11
     with open(tmp_path / "results.csv") as f:
-        assert len(list(csv.DictReader(f))) == 4
+        assert len(list(csv.DictReader(f))) == 5
     assert "QUICK" in (tmp_path / "report.md").read_text()
 
 
 def test_full_plan_follows_the_paper():
     """50 epochs, batch 1024, lr 0.01 (SGPR: full batch, lr 0.1), RBF with one lengthscale."""
     plan = list(softki._plan(False, ("bike",)))
-    assert [label for _, label, _ in plan] == ["SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512"]
+    assert [label for _, label, _ in plan] == [
+        "SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512", "SoftKI-512-fixed"]
     for _, label, spec in plan:
         assert spec.epochs == 50 and spec.split == 0 and spec.max_time == softki.MAX_TIME
         assert spec.options["kernel"] == "rbf" and spec.options["ard"] is False
@@ -80,5 +83,6 @@ def test_a_failing_run_is_recorded_and_the_suite_goes_on(data_root, tmp_path, mo
     rows = softki.run(tmp_path, quick=True)
     assert rows[0]["stopped"] == "failed in epoch 3" and rows[0]["epochs"] == 2
     assert rows[0]["test_rmse"] is None and rows[0]["time_vs_svgp512"] is None
-    assert all(math.isfinite(r["test_rmse"]) for r in rows[1:])
+    assert rows[4]["test_rmse"] is None  # the fixed-noise SoftKI run fails too
+    assert all(math.isfinite(r["test_rmse"]) for r in rows[1:4])
     assert "failed in epoch 3" in (tmp_path / "report.md").read_text()

@@ -1,7 +1,7 @@
 """One training run on one dataset: the harness behind ``gpscale fit`` and every benchmark suite.
 
-``run(RunSpec(...))`` loads the data (standardised with training statistics), builds the method
-through the registry, trains it with ``training.fit`` (test metrics every ``eval_every`` epochs,
+``run(RunSpec(...))`` loads the data (standardised with training statistics), builds and trains
+the method through :mod:`gpscale.training.harness` (test metrics every ``eval_every`` epochs,
 outside the training clock), evaluates the final model and, with ``out``, writes
 ``metrics.json``, ``history.csv``, ``history.json`` and ``model.pt`` there. All metrics are on the
 standardised target scale, as the papers report them.
@@ -24,15 +24,9 @@ from gpscale.distributions import Predictive
 from gpscale.errors import NonFiniteLossError
 from gpscale.io import save
 from gpscale.methods.base import Method
-from gpscale.methods.registry import build, get_spec
-from gpscale.training import (
-    Evaluate,
-    FitConfig,
-    History,
-    condition_only,
-    fit,
-    resolve_fit_config,
-)
+from gpscale.methods.registry import get_spec
+from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
+from gpscale.training.harness import cast, train_method
 
 __all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_test",
            "write_outputs", "write_partial"]
@@ -155,30 +149,23 @@ def run(spec: RunSpec) -> RunResult:
     config, dtype = fit_config(spec, data.num_train)
     if spec.progress is not False:
         print(plan_text(spec.method, config), file=sys.stderr)
-    x, x_test = data.x_train.to(dtype), data.x_test.to(dtype)
-    y = data.y_train.to(dtype) if data.task != "classification" else data.y_train
-    with torch.random.fork_rng():
-        torch.manual_seed(spec.seed)
-        tic = time.perf_counter()
-        model = build(spec.method, data.num_dims, task=data.task, num_classes=data.num_classes,
-                      init=(x, y), **spec.options)
-        model.to(dtype)
-        setup_time = time.perf_counter() - tic  # e.g. IterNCGP's SVGP hyperparameter pre-fit
-        callbacks = []
-        if spec.eval_every:
-            callbacks.append(Evaluate(lambda m: predict_test(m, x, y, x_test), data.y_test,
-                                      every=spec.eval_every))
-        state = None
-        try:
-            if model.trainable:
-                history = fit(model, None, (x, y), config, callbacks)
-            else:
-                history, state = condition_only(model, (x, y), callbacks)
-        except NonFiniteLossError as err:
-            write_partial(spec, err.history)
-            raise
+    x, y = cast((data.x_train, data.y_train), config, data.task)
+    x_test = data.x_test.to(dtype)
+    callbacks = []
+    if spec.eval_every:
+        callbacks.append(Evaluate(lambda m: predict_test(m, x, y, x_test), data.y_test,
+                                  every=spec.eval_every))
+    try:
+        trained = train_method(spec.method, (x, y), task=data.task,
+                               num_classes=data.num_classes, options=spec.options,
+                               config=config, seed=spec.seed, callbacks=callbacks)
+    except NonFiniteLossError as err:
+        write_partial(spec, err.history)
+        raise
+    model, history = trained.model, trained.history
+    setup_time = trained.setup_time  # e.g. IterNCGP's SVGP hyperparameter pre-fit
     tic = time.perf_counter()
-    pred = predict_test(model, x, y, x_test, state)
+    pred = predict_test(model, x, y, x_test, trained.state)
     metrics: dict[str, Any] = {
         "method": spec.method, "dataset": data.name, "n_train": data.num_train,
         "n_test": data.num_test, "num_dims": data.num_dims, **pred.metrics(data.y_test),

@@ -38,6 +38,7 @@ from gpscale.distributed.env import DEFAULT_TIMEOUT, DistEnv, current, init_from
 from gpscale.distributed.reduce import (
     all_gather_rows,
     all_reduce_max,
+    all_reduce_sum,
     broadcast_module,
     gather_predictive,
     reduce_gradients,
@@ -49,9 +50,9 @@ from gpscale.errors import NonFiniteLossError
 from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
 from gpscale.methods.base import Method
 from gpscale.methods.cagp import CaGP
-from gpscale.methods.registry import build
 from gpscale.methods.ski import GGP
-from gpscale.training import Evaluate, fit
+from gpscale.training import Evaluate
+from gpscale.training.harness import build_method, cast, train_built
 
 __all__ = ["LOSS_KINDS", "DataParallel", "is_sharded_cagp", "run_rank"]
 
@@ -113,6 +114,10 @@ class DataParallel:
         """Average the gradients across ranks (weighted by ``rows`` for ``'local'`` losses)."""
         reduce_gradients(model.parameters(), self._weight(rows))
 
+    def all_reduce(self, t: Tensor) -> Tensor:
+        """``t`` summed over the ranks (each holds its shard's part of a sum over data)."""
+        return all_reduce_sum(t)
+
     def epoch_time(self, seconds: float) -> float:
         """The slowest rank's epoch time (the wall time of the parallel epoch)."""
         return all_reduce_max(seconds)
@@ -157,15 +162,11 @@ def run_rank(spec: RunSpec, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     data = load_data(spec)
     config, dtype = fit_config(spec, data.num_train)
     n = data.num_train
-    x_full, x_test = data.x_train.to(dtype), data.x_test.to(dtype)
-    y_full = data.y_train.to(dtype) if data.task != "classification" else data.y_train
-    with torch.random.fork_rng():
-        torch.manual_seed(spec.seed)
-        tic = time.perf_counter()
-        model = build(spec.method, data.num_dims, task=data.task, num_classes=data.num_classes,
-                      init=(x_full, y_full), **spec.options)
-        model.to(device=env.device, dtype=dtype)
-        setup_time = time.perf_counter() - tic
+    x_full, y_full = cast((data.x_train, data.y_train), config, data.task)
+    x_test = data.x_test.to(dtype)
+    model, setup_time = build_method(spec.method, (x_full, y_full), task=data.task,
+                                     num_classes=data.num_classes, options=spec.options,
+                                     config=config, seed=spec.seed, device=env.device)
     broadcast_module(model)  # identical parameters, whatever the initialisation did per rank
     start, stop = shard_range(n, env.rank, env.world_size)
     x, y = (t[start:stop].clone().to(env.device) for t in (x_full, y_full))
@@ -192,8 +193,8 @@ def run_rank(spec: RunSpec, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     callbacks = [Evaluate(lambda m: predict(m, x_test), data.y_test, every=spec.eval_every)] \
         if spec.eval_every else []
     try:
-        history = fit(model, loss_fn, (x, y), config, callbacks,
-                      parallel=DataParallel(n, kind=kind, env=env))
+        history, _ = train_built(model, (x, y), config, callbacks, loss_fn=loss_fn,
+                                 parallel=DataParallel(n, kind=kind, env=env), condition=False)
     except NonFiniteLossError as err:
         if env.is_main:
             write_partial(spec, err.history)

@@ -100,6 +100,8 @@ from gpscale.methods._common import (
     prior_modules,
     prior_options,
 )
+from gpscale.methods._softki_noise import calibrate_noise as best_noise
+from gpscale.methods._softki_noise import noise_statistics
 from gpscale.methods.base import Method, as_dtype, predict_in_chunks
 from gpscale.methods.options import INDUCING_OPTIONS, Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
@@ -215,7 +217,7 @@ class SoftKI(Method):
                  weights: Callable[[Tensor, Tensor], Tensor], *, noise: float = 1e-3,
                  learn_noise: bool = False, mean_constant: float = 0.0,
                  objective: str = "pseudoloss", num_probes: int = 10, chunk_size: int = 4096,
-                 options: dict[str, Any] | None = None):
+                 calibrate_noise: bool = False, options: dict[str, Any] | None = None):
         super().__init__(task="regression", options=options)
         _check_options(noise=noise, objective=objective, num_probes=num_probes,
                        chunk_size=chunk_size)
@@ -227,6 +229,7 @@ class SoftKI(Method):
         self.register_buffer("mean_constant",
                              torch.tensor(float(mean_constant), dtype=inducing_points.dtype))
         self.objective, self.num_probes, self.chunk_size = objective, num_probes, chunk_size
+        self.calibrate_noise = bool(calibrate_noise)
         self.num_dims = inducing_points.shape[-1]
 
     @property
@@ -306,6 +309,31 @@ class SoftKI(Method):
         logdet = n * state.noise.log() + 2 * state.R.diagonal().abs().log().sum()  # log|Σ|
         return 0.5 * (logdet + state.quad + n * math.log(2 * math.pi)) / n
 
+    def finalize(self, x: Tensor, y: Tensor,
+                 reduce: Callable[[Tensor], Tensor] | None = None) -> dict[str, float] | None:
+        """After training: set β² to the maximiser of the exact marginal likelihood of
+        ``(x, y)`` with the trained points and kernel (:mod:`~gpscale.methods._softki_noise`),
+        when ``calibrate_noise`` is on and β² is not learned. ``reduce`` sums a tensor over the
+        ranks of a data-parallel run. Returns the trained and the calibrated β², or ``None``."""
+        if not self.calibrate_noise or self.log_noise.requires_grad:
+            return None
+        with torch.no_grad():
+            return self._calibrate(x, y, reduce)
+
+    def _calibrate(self, x: Tensor, y: Tensor, reduce) -> dict[str, float]:
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y)
+        z = self.inducing_points.detach()
+        U = safe_cholesky(kernel_matrix(self.kernel, upcast(z), upcast(z)), name="SoftKI K_zz").mT
+        r = y.to(x.dtype) - self.mean_constant
+        stats = noise_statistics(lambda xc: self.weights(xc, z).double() @ U.mT, x, r,
+                                 self.chunk_size)
+        if reduce is not None:
+            stats = tuple(reduce(t) for t in stats)
+        trained, calibrated = float(self.noise), best_noise(*stats)
+        self.log_noise.data.fill_(math.log(calibrated))
+        return {"noise_trained": trained, "noise_calibrated": calibrated}
+
     def predict(self, state: SoftKIState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
         """μ = c + W_*z Uᵀγ and K̂_*z Ĉ⁻¹ K̂_z* = ‖R⁻ᵀ U W_z*‖², in chunks of test points."""
         check_x(x_test, num_dims=self.num_dims, name="x_test")
@@ -359,7 +387,7 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
                  ard: bool = False, lengthscale: float | None = None,
                  outputscale: float | None = None, mean_constant: float | None = None,
                  seed: int = 0, kmeans_max_points: int = 10_000,
-                 chunk_size: int = 4096) -> SoftKI:
+                 chunk_size: int = 4096, calibrate_noise: bool = True) -> SoftKI:
     """Factory of ``softki`` (see :mod:`gpscale.methods.registry`).
 
     Args:
@@ -381,6 +409,8 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
         seed: seeds the k-means subsample and k-means.
         kmeans_max_points: k-means runs on at most this many (random) rows of x.
         chunk_size: rows per QR step when conditioning (memory O(chunk_size · m)).
+        calibrate_noise: after training, set β² to the exact marginal-likelihood maximiser
+            (:meth:`SoftKI.finalize`); ``False`` keeps the trained (or fixed) β² as the paper.
 
     Raises:
         ValueError: a task other than regression, invalid ``init`` data, fewer init points than
@@ -402,9 +432,11 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
     model = SoftKI(kern, z, weights, noise=opts["noise"], learn_noise=learn_noise,
                    mean_constant=opts["mean_constant"], objective=objective,
                    num_probes=num_probes, chunk_size=chunk_size,
+                   calibrate_noise=calibrate_noise,
                    options={**ind, **opts, "temperature": float(temperature),
                             "objective": objective, "num_probes": num_probes,
-                            "learn_noise": bool(learn_noise), "chunk_size": chunk_size})
+                            "learn_noise": bool(learn_noise), "chunk_size": chunk_size,
+                            "calibrate_noise": bool(calibrate_noise)})
     return follow_init(model, init)
 
 
@@ -426,5 +458,7 @@ register(MethodSpec(
         *prior_options_with(kernel="rbf", ard=False, noise=False),
         Option("chunk_size", "int", 4096, "rows per block of the interpolation products",
                minimum=1),
+        Option("calibrate_noise", "bool", True, "after training, set β² to the exact "
+               "marginal-likelihood maximiser (false: keep the fixed β² as the paper)"),
     ),
 ))

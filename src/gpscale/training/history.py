@@ -16,7 +16,9 @@ class History:
     """Rows recorded by ``training.fit``; ``stopped`` says why training ended.
 
     ``stopped`` is one of ``"epochs"`` (budget reached), ``"time"`` (wall-clock budget),
-    ``"non-finite"`` (the loss became NaN/inf) or ``"running"``.
+    ``"converged"`` (the loss stopped improving, see ``training.schedules``), ``"non-finite"``
+    (the loss became NaN/inf), ``"numerical-error"``, ``"conditioned"`` (nothing to train) or
+    ``"running"``.
     """
 
     rows: list[dict[str, Any]] = field(default_factory=list)

@@ -1,0 +1,110 @@
+"""The one path from training data to a trained model: build → fit → finalise → condition.
+
+Every caller goes through these two functions — ``gpscale fit`` and the benchmark suites
+(``benchmarks.runner``), the scikit-learn estimators and each rank of a data-parallel run
+(``distributed.train``, which shards the data between the two):
+
+1. :func:`build_method` builds the method from the registry under a forked, seeded RNG (so the
+   initialisation is reproducible and the caller's RNG untouched), in the training dtype, and
+   times it (IterNCGP's hyperparameter pre-fit happens here).
+2. :func:`train_built` trains it with ``training.fit`` (or conditions a method with nothing to
+   train), then runs the method's closed-form ``finalize(x, y, reduce)`` step when it has one
+   (SoftKI calibrates its noise there), and returns the state to predict with.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpscale.methods.base import Method
+from gpscale.methods.registry import build
+from gpscale.training.config import FitConfig
+from gpscale.training.fit import condition_only, fit
+from gpscale.training.history import History
+
+__all__ = ["Trained", "build_method", "cast", "train_built", "train_method"]
+
+
+@dataclass
+class Trained:
+    """A trained model, its history, the state to predict with and the build time."""
+
+    model: Method
+    history: History
+    state: Any
+    setup_time: float
+
+
+def cast(train: tuple[Tensor, Tensor], config: FitConfig, task: str) -> tuple[Tensor, Tensor]:
+    """Inputs, and the targets of regression and counts, in the training dtype (class labels
+    stay as they are)."""
+    x, y = train
+    return x.to(config.torch_dtype), (y if task == "classification" else y.to(config.torch_dtype))
+
+
+def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
+                 num_classes: int | None, options: dict[str, Any], config: FitConfig,
+                 seed: int | None, device: torch.device | None = None) -> tuple[Method, float]:
+    """Build ``method`` on ``train`` (in ``config.dtype``); returns (model, seconds).
+
+    ``seed`` seeds torch's RNG for the build in a forked RNG state; ``None`` draws from the
+    caller's RNG (:func:`train_method` seeds build and training together).
+    """
+    x, y = cast(train, config, task)
+    with torch.random.fork_rng(enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        tic = time.perf_counter()
+        model = build(method, x.shape[1], task=task, num_classes=num_classes, init=(x, y),
+                      **options)
+        model.to(device=device, dtype=config.torch_dtype)
+        return model, time.perf_counter() - tic
+
+
+def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
+                callbacks: Sequence[Any] = (), *, loss_fn: Callable | None = None,
+                parallel: Any = None, condition: bool = True) -> tuple[History, Any]:
+    """Train (or condition) ``model`` on ``train``; returns (history, state).
+
+    ``state`` is ``model.condition(*train)`` after training (``None`` with ``condition=False``,
+    e.g. for a rank that holds a shard only). ``parallel`` is the data-parallel hook of
+    ``training.fit``; its ``all_reduce`` (sum over ranks) is handed to ``finalize``.
+    """
+    x, y = train
+    if model.trainable:
+        history, state = fit(model, loss_fn, train, config, callbacks, parallel=parallel), None
+    else:
+        history, state = condition_only(model, train, callbacks)
+    finalize = getattr(model, "finalize", None)
+    if finalize is not None:
+        with torch.no_grad():
+            changed = finalize(x, y, getattr(parallel, "all_reduce", None))
+        if changed:  # e.g. {"noise_calibrated": 0.012}: recorded with the last epoch
+            if history.rows:
+                history.rows[-1].update(changed)
+            state = None
+    if state is None and condition:
+        with torch.no_grad():
+            model.eval()
+            state = model.condition(x, y)
+    return history, state
+
+
+def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
+                 num_classes: int | None, options: dict[str, Any], config: FitConfig,
+                 seed: int, callbacks: Sequence[Any] = ()) -> Trained:
+    """:func:`build_method` then :func:`train_built` in one process, under one seeded RNG
+    stream (forked: the caller's RNG state is left as it was)."""
+    train = cast(train, config, task)
+    with torch.random.fork_rng():  # one seeded stream for initialisation and training
+        torch.manual_seed(seed)
+        model, setup_time = build_method(method, train, task=task, num_classes=num_classes,
+                                         options=options, config=config, seed=None)
+        history, state = train_built(model, train, config, callbacks)
+    return Trained(model, history, state, setup_time)
