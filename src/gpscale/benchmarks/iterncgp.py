@@ -85,6 +85,7 @@ def _iterncgp_curve(data, options: dict[str, Any], budget: float | None,
     """Condition IterNCGP on ``data`` with test metrics after each Newton step."""
     x, y = data.x_train.to(dtype), data.y_train
     x_test = data.x_test.to(dtype)
+    options = {"policy": "cg", **options}  # the paper's residual policy unless a run says pcg
     tic = time.perf_counter()
     model = build("iterncgp", x.shape[1], task=data.task, num_classes=data.num_classes,
                   init=(x, y), **options).to(dtype)

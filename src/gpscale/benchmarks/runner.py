@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -147,8 +146,7 @@ def run(spec: RunSpec) -> RunResult:
     """Train and evaluate ``spec.method`` on the spec's data; see the module docstring."""
     data = load_data(spec)
     config, dtype = fit_config(spec, data.num_train)
-    if spec.progress is not False:
-        print(plan_text(spec.method, config), file=sys.stderr)
+    logging.getLogger("gpscale.fit").info(plan_text(spec.method, config))
     x, y = cast((data.x_train, data.y_train), config, data.task)
     x_test = data.x_test.to(dtype)
     callbacks = []

@@ -158,6 +158,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         options=dict(args.option), dataset_options=dict(args.data_option), out=args.out,
         checkpoint=args.checkpoint, progress=False if args.no_progress else None)
+    # The training plan (budget, schedule, stopping rule) is shown even without --verbose.
+    logging.getLogger("gpscale.fit").setLevel(logging.INFO)
     world_size = int(os.environ.get("WORLD_SIZE") or 1)  # set by torchrun
     timeout = float(os.environ.get("GPSCALE_DIST_TIMEOUT") or DEFAULT_TIMEOUT)
     if args.nproc < 1:

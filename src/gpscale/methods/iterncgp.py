@@ -74,7 +74,7 @@ from torch import Tensor
 
 from gpscale.distributions import Predictive
 from gpscale.errors import NumericalError
-from gpscale.likelihoods import Likelihood
+from gpscale.likelihoods import Likelihood, Softmax
 from gpscale.linalg.policies.unit_vector import UnitVectorPolicy
 from gpscale.methods._iterncgp_setup import (
     LAPLACE_PRIOR_OPTIONS,
@@ -371,7 +371,7 @@ def _relative_change(g_next: Tensor, g: Tensor) -> float:
 
 
 def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: int | None = None,
-                   init: tuple[Tensor, Tensor] | None = None, policy: str = "cg",
+                   init: tuple[Tensor, Tensor] | None = None, policy: str = "auto",
                    max_iterations: int = 5, max_newton_steps: int = 100,
                    outer_rtol: float = 0.01, atol: float = 1e-5, rtol: float = 1e-5,
                    recycle: bool = True, compression_rank: int | None = None,
@@ -390,7 +390,10 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
             (Poisson).
         num_classes: C; inferred from ``init`` labels (max + 1, at least 2) when ``None``.
         init: training data for the hyperparameter pre-fit and label checks, or ``None``.
-        policy: ``"cg"``, ``"pcg"`` or ``"chol"`` (:data:`POLICIES`).
+        policy: ``"cg"``, ``"pcg"`` or ``"chol"`` (:data:`POLICIES`), or ``"auto"``: ``pcg``
+            for the softmax likelihood (C > 2), where the residual policy stalls once W⁻¹ of
+            saturated points dominates K̂ (MNIST with fitted hyperparameters, BENCHMARKS.md),
+            ``cg`` (the paper's IterNCGP-CG) otherwise.
         max_iterations, max_newton_steps, outer_rtol, atol, rtol: :class:`Stopping`.
         recycle, compression_rank: :class:`Recycling` (``enabled``, ``rank``).
         kernel, ard, lengthscale, outputscale: the fixed prior kernel; missing hyperparameters
@@ -408,13 +411,16 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
     Raises:
         ValueError: unsupported task or policy, invalid options or ``init`` data.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
+    if policy not in POLICIES and policy != "auto":
+        raise ValueError(f"unknown policy {policy!r}; valid policies: auto, "
+                         f"{', '.join(POLICIES)}")
     prior = prior_setup("iterncgp", num_dims, task=task, num_classes=num_classes, init=init,
                         kernel=kernel, ard=ard, shared=shared_kernel, lengthscale=lengthscale,
                         outputscale=outputscale, seed=seed, prefit_steps=prefit_steps,
                         prefit_num_inducing=prefit_num_inducing, prefit_lr=prefit_lr,
                         prefit_batch_size=prefit_batch_size)
+    if policy == "auto":  # the residual policy stalls on softmax (saturated W⁻¹), see AUTO_POLICY
+        policy = "pcg" if isinstance(prior.likelihood, Softmax) else "cg"
     stopping = Stopping(outer_rtol, max_newton_steps, atol, rtol, max_iterations)
     recycling = Recycling(recycle, compression_rank)
     predictive = PredictiveOptions(probs, num_samples, seed)
@@ -438,8 +444,9 @@ register(MethodSpec(
     tasks=TASKS,
     summary="IterNCGP: computation-aware Laplace (Newton + IterGP), recycling, compression",
     options=(
-        Option("policy", "str", "cg", "IterGP action policy: residuals (cg), "
-               "W-preconditioned residuals (pcg), unit vectors (chol)", choices=tuple(POLICIES)),
+        Option("policy", "str", "auto", "IterGP action policy: residuals (cg), "
+               "W-preconditioned residuals (pcg), unit vectors (chol); auto: pcg for more "
+               "than two classes, else cg", choices=("auto", *POLICIES)),
         Option("max_iterations", "int", 5, "IterGP iterations per Newton step", minimum=1),
         Option("max_newton_steps", "int", 100, "most Newton steps", minimum=1),
         Option("outer_rtol", "float", 0.01, "Newton stops at this relative change (0: run "
