@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gpscale import metrics
+import gpscale.metrics as metrics
 
 __all__ = ["Predictive"]
 

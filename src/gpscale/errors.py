@@ -3,7 +3,8 @@
 Every error names what went wrong and what to change. ``ValueError`` subclasses are raised for bad
 input at public entry points; :class:`NumericalError` for a factorisation or solve that fails
 after the documented remedies (jitter escalation) were tried; :class:`NonFiniteLossError` when
-training produces a NaN or infinite loss.
+training produces a NaN or infinite loss; :class:`SavedFileError` (a ``ValueError``) for a model
+file or checkpoint that is corrupt, foreign or does not match the run.
 """
 
 from __future__ import annotations
@@ -27,3 +28,17 @@ class NonFiniteLossError(FloatingPointError):
         self.epoch = epoch
         self.history = history
         self.checkpoint = checkpoint
+
+
+class SavedFileError(ValueError):
+    """A model file or checkpoint cannot be used: empty, truncated, corrupt (checksum
+    mismatch), not written by gpscale, of an unknown format version, or (a checkpoint) written
+    by another run (other method, parameter shapes or training data).
+
+    Attributes:
+        path: the file.
+    """
+
+    def __init__(self, path, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)

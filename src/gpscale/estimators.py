@@ -206,7 +206,6 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
 
 
 def _registered() -> dict[str, Any]:
-    get_spec("exact")  # loads the built-in methods
     return METHODS
 
 

@@ -36,6 +36,7 @@ from gpscale.linalg.operators.block_sparse import (
     symmetric_kernel_product,
 )
 from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
+from gpscale.linalg.preconditioners import PivotedCholeskyPreconditioner
 from gpscale.typing import Float, Tensor
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "kernel_hyperparameters",
     "kernel_matmul",
     "kernel_matrix",
+    "kernel_preconditioner",
     "make_kernel",
     "select_backend",
 ]
@@ -418,3 +420,14 @@ def _keops(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> T
 
 
 _BACKENDS = {"eager": _eager, "fused": _fused, "compiled": _compiled, "keops": _keops}
+
+
+def kernel_preconditioner(kernel: Kernel, x: torch.Tensor, *, noise: float | torch.Tensor,
+                          rank: int, rtol: float = 0.0) -> PivotedCholeskyPreconditioner:
+    """The pivoted-Cholesky preconditioner of ``K(x, x) + σ² I``, reading the kernel diagonal
+    and ``rank`` rows (x (n, d)); no n × n matrix is formed."""
+    with torch.no_grad():
+        diag = kernel_diag(kernel, x)
+        return PivotedCholeskyPreconditioner.from_rows(
+            diag, lambda i: kernel_matrix(kernel, x[i:i + 1], x)[0], noise=noise, rank=rank,
+            rtol=rtol)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tests.linalg._matrices import rbf_gram, spd, spd_with_spectrum
 
-from gpscale.kernels import kernel_matrix, make_kernel
+from gpscale.kernels import kernel_matrix, kernel_preconditioner, make_kernel
 from gpscale.linalg.preconditioners import PivotedCholeskyPreconditioner, pivoted_cholesky
 
 
@@ -83,7 +83,7 @@ def test_from_kernel_equals_from_matrix(generator):
     kernel = make_kernel("matern52", 2).double()
     x = torch.randn(25, 2, generator=generator)
     K = kernel_matrix(kernel, x, x).detach()
-    from_kernel = PivotedCholeskyPreconditioner.from_kernel(kernel, x, noise=0.01, rank=5)
+    from_kernel = kernel_preconditioner(kernel, x, noise=0.01, rank=5)
     from_matrix = PivotedCholeskyPreconditioner.from_matrix(K, noise=0.01, rank=5)
     torch.testing.assert_close(from_kernel.L, from_matrix.L, rtol=1e-12, atol=1e-12)
 

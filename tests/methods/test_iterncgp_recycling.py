@@ -28,6 +28,8 @@ from gpscale.methods.iterncgp import (
     Stopping,
     UnitVectorPolicy,
 )
+from gpscale.training import FitConfig
+from gpscale.training.harness import build_method
 
 from ._iterncgp_cases import (
     EXACT,
@@ -418,12 +420,19 @@ def test_factory_picks_likelihood_and_rebuilds(task, labels, expected, generator
     torch.testing.assert_close(a.variance, b.variance, **EXACT)
 
 
-def test_factory_prefits_hyperparameters_with_svgp(generator):
-    """Without lengthscale/outputscale the factory fits SVGP briefly and freezes its values."""
+def _prefit_build(x, y, **options):
+    return build_method("iterncgp", (x, y), task="classification", num_classes=None,
+                        options=options, config=FitConfig(), seed=0)[0]
+
+
+def test_harness_prefits_hyperparameters_with_svgp(generator):
+    """Without lengthscale/outputscale the harness fits SVGP briefly and the factory freezes
+    its values; ``build`` alone (the methods layer, which trains nothing) asks for them."""
     x = torch.rand(40, 2, generator=generator)
     y = (x[:, 0] > 0.5).long()
-    model = build("iterncgp", 2, task="classification", init=(x, y), prefit_steps=5,
-                  prefit_num_inducing=8, policy="chol")
+    with pytest.raises(ValueError, match="pass lengthscale and outputscale.*SVGP pre-fit"):
+        build("iterncgp", 2, task="classification", init=(x, y))
+    model = _prefit_build(x, y, prefit_steps=5, prefit_num_inducing=8, policy="chol")
     ls, os_ = model.options["lengthscale"], model.options["outputscale"]
     assert isinstance(ls, float) and isinstance(os_, float) and ls > 0 and os_ > 0
     assert ls != pytest.approx(math.sqrt(2)) or os_ != pytest.approx(1.0)  # moved off SVGP init
@@ -439,8 +448,7 @@ def test_factory_one_kernel_per_class(generator):
     prediction matches the dense per-class posterior mean m + K⋄ᵀ v."""
     x = torch.rand(30, 2, generator=generator)
     y = torch.bucketize(x[:, 0].contiguous(), torch.tensor([0.33, 0.66]))
-    model = build("iterncgp", 2, task="classification", init=(x, y), shared_kernel=False,
-                  prefit_steps=5, prefit_num_inducing=8)
+    model = _prefit_build(x, y, shared_kernel=False, prefit_steps=5, prefit_num_inducing=8)
     assert len(model.options["lengthscale"]) == 3 and len(model.options["outputscale"]) == 3
     assert tuple(model.kernel.batch_shape) == (3,)
     state = model.condition(x, y)

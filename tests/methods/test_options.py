@@ -16,7 +16,6 @@ from gpscale.methods.options import Option, OptionError, coerce, resolve_options
 from gpscale.testing import SMALL_OPTIONS, toy_problem
 from gpscale.training import METHOD_DEFAULTS, FitConfig, default_fit_config, resolve_fit_config
 
-get_spec("exact")  # loads the built-in keys
 KEYS = sorted(METHODS)
 
 

@@ -242,7 +242,6 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     from gpscale.methods.registry import METHODS, get_spec
     from gpscale.training import default_fit_config
 
-    get_spec("exact")  # loads the built-in methods
     if args.key:
         spec = get_spec(args.key)
         config = default_fit_config(args.key)

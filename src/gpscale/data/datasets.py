@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpscale.data import synthetic
+import gpscale.data.synthetic as synthetic
 from gpscale.data.download import REMOTE_FILES, FileSpec, default_cache_dir
 from gpscale.data.mnist import MNIST_IMAGES, MNIST_LABELS, read_idx
 from gpscale.data.splits import uci_split

@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from gpytorch.kernels import Kernel
 
-from gpscale.kernels import kernel_diag, kernel_matrix
 from gpscale.linalg.ops import add_jitter, safe_cholesky, upcast
 from gpscale.typing import Float, Tensor
 
@@ -125,15 +123,6 @@ class PivotedCholeskyPreconditioner:
                     rtol: float = 0.0) -> PivotedCholeskyPreconditioner:
         """P for ``A + σ² I`` from a dense A (n, n) (rows are read, not factorised)."""
         return cls.from_rows(A.diagonal(), lambda i: A[i], noise=noise, rank=rank, rtol=rtol)
-
-    @classmethod
-    def from_kernel(cls, kernel: Kernel, x: Tensor, *, noise: float | Tensor, rank: int,
-                    rtol: float = 0.0) -> PivotedCholeskyPreconditioner:
-        """P for ``K(x, x) + σ² I``, reading the kernel diagonal and r rows (x (n, d))."""
-        with torch.no_grad():
-            diag = kernel_diag(kernel, x)
-            return cls.from_rows(diag, lambda i: kernel_matrix(kernel, x[i:i + 1], x)[0],
-                                 noise=noise, rank=rank, rtol=rtol)
 
     @property
     def rank(self) -> int:

@@ -27,7 +27,6 @@ from gpscale.distributions import Predictive
 from gpscale.kernels import (
     KERNELS,
     kernel_diag,
-    kernel_hyperparameters,
     kernel_matmul,
     kernel_matrix,
     make_kernel,
@@ -35,14 +34,13 @@ from gpscale.kernels import (
 from gpscale.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, Softmax
 from gpscale.methods.base import probit_binary_probs
 from gpscale.methods.options import Option
-from gpscale.methods.registry import build
 from gpscale.validation import check_x, check_xy
 
 __all__ = [
     "LAPLACE_PRIOR_OPTIONS", "PREFIT_OPTIONS", "LatentKernel", "PredictiveOptions",
     "fixed_kernel", "hyperparameter_options",
     "latent_predictive", "likelihood_for_task",
-    "prefit_hyperparameters", "probit_softmax_probs",
+    "probit_softmax_probs",
 ]
 
 PROBS = ("probit", "mc")
@@ -127,48 +125,6 @@ def fixed_kernel(name: str, num_dims: int, *, ard: bool, num_latents: int, share
     kernel.initialize(**{"outputscale": os_, "base_kernel.lengthscale": ls})
     kernel.requires_grad_(False)
     return kernel
-
-
-def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int | None,
-                           kernel: str, ard: bool, num_inducing: int, steps: int, lr: float,
-                           batch_size: int, seed: int, per_latent: bool = False
-                           ) -> tuple[Any, Any]:
-    """Kernel hyperparameters from a short SVGP fit (paper §C.4: SVGP, batch 1024, Adam).
-
-    ``steps`` Adam steps (rounded up to whole epochs) on minibatches of ``batch_size``.
-
-    Counts are fitted as SVGP regression on log(1 + y) (the SVGP baseline has no Poisson
-    likelihood). With C > 2 classes SVGP learns one kernel per class: ``per_latent`` returns
-    them all, else the shared values are the geometric mean of the lengthscales and the mean of
-    the outputscales.
-
-    Returns:
-        (lengthscale, outputscale): floats (lengthscale a list of d with ``ard``); with
-        ``per_latent`` and C > 2 lists over the C classes (see :func:`fixed_kernel`).
-    """
-    from gpscale.training import FitConfig, fit  # the registry-facing factory calls training
-
-    svgp_task, targets = (("regression", torch.log1p(y.to(x.dtype))) if task == "counts"
-                          else (task, y))
-    n = x.shape[0]
-    model = build("svgp", x.shape[1], task=svgp_task, num_classes=num_classes, init=(x, targets),
-                  num_inducing=min(num_inducing, n), seed=seed, kernel=kernel, ard=ard)
-    batches = math.ceil(n / batch_size)
-    config = FitConfig(optimizer="adam", lr=lr, epochs=max(1, math.ceil(steps / batches)),
-                       batch_size=batch_size if batch_size < n else None, seed=seed,
-                       progress=False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        fit(model, None, (x, targets), config)
-    hp = kernel_hyperparameters(model.gp.covar_module)
-    if hp is None:
-        raise ValueError(f"cannot read the hyperparameters of the pre-fitted {kernel!r} kernel")
-    ls = hp.lengthscale.detach().double().reshape(-1, hp.lengthscale.shape[-1])  # (C or 1, d)
-    os_ = hp.outputscale.detach().double().reshape(-1)  # (C or 1,)
-    if per_latent and ls.shape[0] > 1:
-        return (ls.tolist() if ard else ls[:, 0].tolist()), os_.tolist()
-    ls = ls.log().mean(0).exp()  # geometric mean over classes, (d,) or (1,)
-    return (ls.tolist() if ard else float(ls[0])), float(os_.mean())
 
 
 def probit_softmax_probs(mean: Tensor, variance: Tensor) -> Tensor:
@@ -300,15 +256,16 @@ def hyperparameter_options(init: tuple[Tensor, Tensor] | None, task: str,
                            num_classes: int | None, *, kernel: str, ard: bool, shared: bool,
                            lengthscale: Any, outputscale: Any, prefit: dict[str, Any]
                            ) -> tuple[Any, Any]:
-    """Fixed lengthscale/outputscale: given values, else an SVGP pre-fit on ``init`` (paper
-    §C.4; per class when not ``shared``), else placeholders 1.0 (a rebuild whose state dict
-    brings the values)."""
+    """Fixed lengthscale/outputscale: the given values, or placeholders 1.0 for a rebuild (no
+    ``init``) whose state dict brings them. Missing values with ``init`` are an error: the SVGP
+    pre-fit that supplies them (paper §C.4) is a training step, :mod:`gpscale.training.prefit`,
+    run by the harness before the build."""
     if (lengthscale is None or outputscale is None) and init is not None:
-        fit_ls, fit_os = prefit_hyperparameters(*init, task=task, num_classes=num_classes,
-                                                kernel=kernel, ard=ard, per_latent=not shared,
-                                                **prefit)
-        lengthscale = fit_ls if lengthscale is None else lengthscale
-        outputscale = fit_os if outputscale is None else outputscale
+        raise ValueError(
+            "iterncgp and sod-laplace keep their kernel fixed: pass lengthscale and outputscale, "
+            "or build through gpscale.training.harness.build_method (gpscale fit, "
+            "GPClassifier), which fits the missing ones by an SVGP pre-fit "
+            "(gpscale.training.prefit)")
     return (1.0 if lengthscale is None else lengthscale,
             1.0 if outputscale is None else outputscale)
 

@@ -224,6 +224,7 @@ register(MethodSpec(
     factory=build_sod_laplace,
     tasks=TASKS,
     summary="Subset-of-data Laplace (dense Cholesky on N_sub random points), IterNCGP baseline",
+    prefit=True,
     options=(
         Option("num_subset", "int", 1000, "random training points N_sub of the dense Laplace",
                minimum=1),

@@ -61,22 +61,27 @@ def negative_log_likelihood(noise: Tensor, A: Tensor, b: Tensor, rr: Tensor,
     return 0.5 * (logdet + quad + n * math.log(2 * math.pi)) / n
 
 
-def calibrate_noise(A: Tensor, b: Tensor, rr: Tensor, n: Tensor) -> float:
-    """The β² ≥ :data:`NOISE_FLOOR` of least :func:`negative_log_likelihood`."""
-    upper = max(float(rr / n), 10 * NOISE_FLOOR) * 10.0  # β² beyond var(r) only adds log-det
-    grid = torch.logspace(math.log10(NOISE_FLOOR), math.log10(upper), 400, dtype=torch.float64)
-    values = negative_log_likelihood(grid, A, b, rr, n)
-    best = int(values.argmin())
+def _minimise_log(f: Callable[[Tensor], Tensor], lower: float, upper: float) -> float:
+    """argmin of ``f`` (vectorised) over [lower, upper] on a log grid, refined by golden section."""
+    grid = torch.logspace(math.log10(lower), math.log10(upper), 400, dtype=torch.float64)
+    best = int(f(grid).argmin())
     lo, hi = math.log(grid[max(best - 1, 0)]), math.log(grid[min(best + 1, len(grid) - 1)])
     ratio = (math.sqrt(5) - 1) / 2
 
-    def f(t: float) -> float:
-        return float(negative_log_likelihood(torch.tensor(math.exp(t)), A, b, rr, n))
+    def at(t: float) -> float:
+        return float(f(torch.tensor(math.exp(t), dtype=torch.float64)))
 
-    for _ in range(40):  # golden section on log β² inside the best grid cell's neighbours
+    for _ in range(40):  # golden section on the log inside the best grid cell's neighbours
         a, c = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if f(a) < f(c):
+        if at(a) < at(c):
             hi = c
         else:
             lo = a
-    return max(NOISE_FLOOR, math.exp(0.5 * (lo + hi)))
+    return max(lower, math.exp(0.5 * (lo + hi)))
+
+
+def calibrate_noise(A: Tensor, b: Tensor, rr: Tensor, n: Tensor) -> float:
+    """The β² ≥ :data:`NOISE_FLOOR` of least :func:`negative_log_likelihood`."""
+    upper = max(float(rr / n), 10 * NOISE_FLOOR) * 10.0  # β² beyond var(r) only adds log-det
+    return _minimise_log(lambda noise: negative_log_likelihood(noise, A, b, rr, n),
+                         NOISE_FLOOR, upper)

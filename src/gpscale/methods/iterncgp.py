@@ -443,6 +443,7 @@ register(MethodSpec(
     factory=build_iterncgp,
     tasks=TASKS,
     summary="IterNCGP: computation-aware Laplace (Newton + IterGP), recycling, compression",
+    prefit=True,
     options=(
         Option("policy", "str", "auto", "IterGP action policy: residuals (cg), "
                "W-preconditioned residuals (pcg), unit vectors (chol); auto: pcg for more "

@@ -39,6 +39,9 @@ class MethodSpec:
         status: ``"ready"``, ``"experimental"`` or ``"planned"``.
         options: the declared method options (what ``-o KEY=VALUE`` and the estimators'
             keywords accept).
+        prefit: the kernel is fixed and a missing ``lengthscale`` / ``outputscale`` comes from
+            an SVGP pre-fit that the training harness runs before the build
+            (:mod:`gpscale.training.prefit`).
     """
 
     key: str
@@ -47,6 +50,7 @@ class MethodSpec:
     summary: str
     status: str = "ready"
     options: tuple[Option, ...] = ()
+    prefit: bool = False
 
     def __post_init__(self):
         names = [o.name for o in self.options]
@@ -73,7 +77,6 @@ def register(spec: MethodSpec) -> MethodSpec:
 
 
 def get_spec(key: str) -> MethodSpec:
-    _load_builtin()
     if key not in METHODS:
         raise ValueError(f"unknown method {key!r}; valid methods: {', '.join(sorted(METHODS))}")
     return METHODS[key]
@@ -91,13 +94,3 @@ def build(key: str, num_dims: int, *, task: str = "regression", num_classes: int
     model.method_key = key
     model.num_dims = num_dims
     return model
-
-
-def _load_builtin() -> None:
-    """Import the built-in method modules, each of which registers its keys."""
-    import gpscale.methods.baselines  # noqa: F401
-    import gpscale.methods.cagp  # noqa: F401
-    import gpscale.methods.iterncgp  # noqa: F401  (registers iterncgp and sod-laplace)
-    import gpscale.methods.ski  # noqa: F401  (registers ski and ggp)
-    import gpscale.methods.softki  # noqa: F401
-    import gpscale.methods.solvegp  # noqa: F401

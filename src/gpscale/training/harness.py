@@ -6,7 +6,8 @@ Every caller goes through these two functions — ``gpscale fit`` and the benchm
 
 1. :func:`build_method` builds the method from the registry under a forked, seeded RNG (so the
    initialisation is reproducible and the caller's RNG untouched), in the training dtype, and
-   times it (IterNCGP's hyperparameter pre-fit happens here).
+   times it; for methods with a fixed kernel (IterNCGP) it first runs the SVGP pre-fit of the
+   hyperparameters not given (:mod:`gpscale.training.prefit`).
 2. :func:`train_built` trains it with ``training.fit`` (or conditions a method with nothing to
    train), then runs the method's closed-form ``finalize(x, y, reduce)`` step when it has one
    (SoftKI calibrates its noise there), and returns the state to predict with.
@@ -27,6 +28,7 @@ from gpscale.methods.registry import build
 from gpscale.training.config import FitConfig
 from gpscale.training.fit import condition_only, fit
 from gpscale.training.history import History
+from gpscale.training.prefit import fill_prefit_options
 
 __all__ = ["Trained", "build_method", "cast", "train_built", "train_method"]
 
@@ -61,6 +63,8 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
         if seed is not None:
             torch.manual_seed(seed)
         tic = time.perf_counter()
+        options = fill_prefit_options(method, (x, y), task=task, num_classes=num_classes,
+                                      options=options)
         model = build(method, x.shape[1], task=task, num_classes=num_classes, init=(x, y),
                       **options)
         model.to(device=device, dtype=config.torch_dtype)
