@@ -186,7 +186,7 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
         check_classification_targets(y)
         self.classes_, codes = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
-            raise ValueError(f"classification needs at least 2 classes; y has only "
+            raise ValueError(f"classification needs at least 2 classes; y has only one class: "
                              f"{self.classes_.tolist()}")
         self._fit_tensors(torch.tensor(X), torch.tensor(codes, dtype=torch.int64),
                           len(self.classes_))
@@ -199,7 +199,8 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
         return probs.double().cpu().numpy()
 
     def predict(self, X) -> np.ndarray:
-        return self.classes_[self.predict_proba(X).argmax(1)]
+        probs = self.predict_proba(X)  # NotFittedError before classes_ is looked up
+        return self.classes_[probs.argmax(1)]
 
     def _extra_payload(self) -> dict[str, Any]:
         return {"classes": self.classes_}
