@@ -93,6 +93,8 @@ def test_datasets_lists_presence(data_root, capsys):
     lines = capsys.readouterr().out.splitlines()
     yacht = next(line for line in lines if line.startswith("yacht"))
     assert "308" in yacht and " yes " in yacht
+    mixture = next(line for line in lines if line.startswith("gmm10"))
+    assert mixture.startswith("gmm10, mixture ") and "generated" in mixture  # aliases listed
 
 
 def test_methods_lists_baselines(capsys):

@@ -117,8 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     pred = add("predict", help="predict with a saved model on a CSV file")
     pred.add_argument("--model", required=True, help="model.pt written by `gpscale fit`")
-    pred.add_argument("--data", required=True, help="CSV file of inputs")
-    pred.add_argument("--target", help="a column to drop from the CSV (its target), if present")
+    pred.add_argument("--data", required=True,
+                      help="CSV file of inputs: with a header row, columns are matched by name "
+                      "(any order); without one, by position")
+    pred.add_argument("--target", help="a column to drop if present, ignored if absent: a "
+                      "header name or an index (the training target column is dropped "
+                      "without this flag)")
     pred.add_argument("--out", help="write predictions here (CSV); default stdout")
 
     bench = add("bench", help="run a benchmark suite")
@@ -233,7 +237,8 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
         return 0
     print(f"{'name':16s} {'task':15s} {'n':>11s} {'d':>5s}  present  location")
     for info in list_datasets():
-        print(f"{info.name:16s} {info.task:15s} {info.n:>11,d} {info.d:>5d}  "
+        name = info.name + "".join(f", {alias}" for alias in info.aliases)
+        print(f"{name:16s} {info.task:15s} {info.n:>11,d} {info.d:>5d}  "
               f"{'yes' if info.present else 'no':7s}  {info.location}")
     return 0
 

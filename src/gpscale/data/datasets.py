@@ -140,6 +140,7 @@ class DatasetInfo:
     present: bool
     location: str | None
     description: str = ""
+    aliases: tuple[str, ...] = ()
 
 
 def standardized_dataset(name: str, x: Tensor, y: Tensor, train_idx: Tensor, test_idx: Tensor,
@@ -345,7 +346,8 @@ def list_datasets(roots: str | Path | Sequence[str | Path] | None = None) -> lis
     for entry in DATASETS.values():
         folder = _find_folder(entry, searched) if entry.files else None
         location = "generated" if not entry.files else (str(folder) if folder else None)
+        aliases = tuple(sorted(a for a, name in ALIASES.items() if name == entry.name))
         out.append(DatasetInfo(entry.name, entry.task, entry.n, entry.d,
                                present=location is not None, location=location,
-                               description=entry.description))
+                               description=entry.description, aliases=aliases))
     return out
