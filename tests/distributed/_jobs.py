@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
@@ -134,11 +135,14 @@ class UnionBatches:
 
 
 def failing_job(mode: str, wait: float) -> float:
-    """Rank 1 dies (``'die'``) or stalls (``'hang'``); rank 0 runs a collective."""
+    """Rank 1 dies (``'die'``), stalls (``'hang'``: sleeps, its heartbeat goes on) or is
+    stopped (``'stop'``: SIGSTOP, everything freezes); rank 0 runs a collective."""
     env = current()
     if env.rank == 1:
         if mode == "die":
             os._exit(3)
+        if mode == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(wait)
     tic = time.monotonic()
     all_reduce_sum(torch.ones(3))

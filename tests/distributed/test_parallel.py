@@ -7,6 +7,7 @@ compares what they return with the single-process computation in float64 to 1e-8
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -97,13 +98,26 @@ def test_dead_rank_stops_the_other_with_a_clear_error():
     assert "5 s timeout" in text
 
 
+def test_stopped_rank_is_noticed_by_its_heartbeat():
+    """A SIGSTOPped rank (which ignores SIGTERM) is killed once its heartbeat is older than
+    the timeout: the job ends after about the timeout, not after timeout + grace."""
+    tic = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        launch(_jobs.failing_job, ("stop", 0.0), nproc=2, timeout=3, grace=60)
+    elapsed = time.monotonic() - tic
+    text = str(info.value)
+    assert "rank 1/2 stopped making progress (no heartbeat for" in text
+    assert "killed by the launcher" in text
+    assert elapsed < 30  # the grace path (3 + 60 s) was not needed
+
+
 @pytest.mark.slow
 def test_stalled_rank_times_out():
     with pytest.raises(DistributedError) as info:
         launch(_jobs.failing_job, ("hang", 120.0), nproc=2, timeout=2, grace=2)
     text = str(info.value)
     assert "rank 0/2 raised DistributedError" in text and "2 s timeout" in text
-    assert "rank 1/2 died with exit code -15" in text  # terminated by the launcher
+    assert "rank 1/2 died with exit code -9" in text  # killed by the launcher
 
 
 @pytest.mark.slow

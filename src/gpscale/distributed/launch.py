@@ -9,8 +9,13 @@ values come back as a list in rank order.
 
 If a rank fails, the others stop by themselves at their next collective (a closed connection
 or the ``timeout``); processes still alive ``timeout + grace`` seconds after the first failure
-are terminated. The parent then raises :class:`~gpscale.distributed.env.DistributedError`
-naming the rank that failed first, its error and traceback, and what happened to the others.
+are killed. A rank that stops making progress altogether (stopped by a signal, or hung with its
+interpreter frozen) is noticed by its heartbeat: every rank touches a file every
+:data:`HEARTBEAT_S` seconds from a daemon thread, and the launcher kills a rank whose heartbeat
+is older than ``timeout`` — so a job with a stopped rank ends within about ``timeout`` seconds
+(the other ranks then stop at once on the closed connection). The parent then raises
+:class:`~gpscale.distributed.env.DistributedError` naming the rank that failed first, its error
+and traceback, and what happened to the others.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -30,7 +36,20 @@ import torch
 
 from gpscale.distributed.env import DEFAULT_TIMEOUT, DistributedError, init_from_env, shutdown
 
-__all__ = ["free_port", "launch"]
+__all__ = ["free_port", "launch", "HEARTBEAT_S"]
+
+HEARTBEAT_S = 0.5
+"""Seconds between two heartbeats of a rank."""
+
+
+def _heartbeat(path: Path) -> None:
+    """Touch ``path`` every :data:`HEARTBEAT_S` seconds (a daemon thread: ends with the rank)."""
+    def beat() -> None:
+        while True:
+            path.touch()
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=beat, daemon=True, name="gpscale-heartbeat").start()
 
 
 def free_port() -> int:
@@ -46,6 +65,7 @@ def _worker(fn: Callable[..., Any], args: Sequence[Any], rank: int, world_size: 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+    _heartbeat(Path(result_dir) / f"rank{rank}.beat")
     torch.set_num_threads(threads)
     path = Path(result_dir) / f"rank{rank}.pt"
     try:
@@ -94,31 +114,52 @@ def launch(fn: Callable[..., Any], args: Sequence[Any] = (), *, nproc: int = 2,
                  for r in range(nproc)]
         for p in procs:
             p.start()
-        failed = _join(procs, timeout + grace)
+        beats = [Path(tmp) / f"rank{r}.beat" for r in range(nproc)]
+        failed, stalled = _join(procs, timeout + grace, beats, stale_after=timeout)
         results = [_read(Path(tmp) / f"rank{r}.pt") for r in range(nproc)]
     if failed:
-        raise DistributedError(_failure_message(failed, procs, results))
+        raise DistributedError(_failure_message(failed, procs, results, stalled))
     return [r["ok"] for r in results]
 
 
-def _join(procs: list, patience: float) -> list[int]:
-    """Wait for every process; return the ranks that failed, first failure first."""
+def _join(procs: list, patience: float, beats: list[Path], stale_after: float
+          ) -> tuple[list[int], dict[int, float]]:
+    """Wait for every process; kill a rank whose heartbeat is older than ``stale_after`` and,
+    ``patience`` seconds after the first failure, every rank still running (SIGKILL: a stopped
+    process ignores SIGTERM until it is continued). Returns the failed ranks, first failure
+    first, and {stalled rank: seconds since its last heartbeat}."""
     failed: list[int] = []
+    stalled: dict[int, float] = {}
     first_failure = None
     while any(p.is_alive() for p in procs):
+        now = time.time()
         for r, p in enumerate(procs):
+            if p.is_alive() and r not in stalled:
+                age = _age(beats[r], now)
+                if age is not None and age > stale_after:
+                    stalled[r] = age
+                    p.kill()
+                    p.join()
             if not p.is_alive() and p.exitcode != 0 and r not in failed:
                 failed.append(r)
                 first_failure = first_failure or time.monotonic()
         if first_failure is not None and time.monotonic() - first_failure > patience:
             for p in procs:
                 if p.is_alive():
-                    p.terminate()
+                    p.kill()
         time.sleep(0.05)
     for p in procs:
         p.join()
     failed += [r for r, p in enumerate(procs) if p.exitcode != 0 and r not in failed]
-    return failed
+    return failed, stalled
+
+
+def _age(path: Path, now: float) -> float | None:
+    """Seconds since ``path`` was last touched (None before the rank's first heartbeat)."""
+    try:
+        return now - path.stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -127,11 +168,16 @@ def _read(path: Path) -> dict[str, Any]:
     return torch.load(path, weights_only=False)
 
 
-def _failure_message(failed: list[int], procs: list, results: list[dict[str, Any]]) -> str:
+def _failure_message(failed: list[int], procs: list, results: list[dict[str, Any]],
+                     stalled: dict[int, float]) -> str:
     world = len(procs)
     lines = []
     for r in failed:
-        if "error" in results[r]:
+        if r in stalled:
+            lines.append(f"rank {r}/{world} stopped making progress (no heartbeat for "
+                         f"{stalled[r]:.0f} s: stopped by a signal or hung); killed by the "
+                         "launcher")
+        elif "error" in results[r]:
             lines.append(f"rank {r}/{world} raised {results[r]['error']}")
         else:
             lines.append(f"rank {r}/{world} died with exit code {procs[r].exitcode} without "
