@@ -120,7 +120,7 @@ def test_hyperparameter_gradcheck():
 @pytest.mark.parametrize("latents", [1, 3])
 def test_fused_kernel_matrix_matches_gpytorch(kernel, latents):
     """kernel_matrix_fused = GPyTorch's K(x1, x2), values and gradients w.r.t. both inputs,
-    the ARD lengthscales and the outputscale (Matérn-½ falls back to GPyTorch)."""
+    the ARD lengthscales and the outputscale (the profiles of linalg/fused.py)."""
     g = torch.Generator().manual_seed(3)
     batch = torch.Size([latents]) if latents > 1 else torch.Size()
     k = make_kernel(kernel, 3, ard=True, batch_shape=batch).double()
@@ -143,6 +143,22 @@ def test_fused_kernel_matrix_matches_gpytorch(kernel, latents):
         K_self = kernel_matrix_fused(k, x1, x1)
     torch.testing.assert_close(K_self.diagonal(dim1=-2, dim2=-1),
                                k.outputscale.reshape(-1, 1).expand(latents, 7))
+
+
+def test_fused_kernel_matrix_keeps_float32_accuracy_at_tiny_lengthscales():
+    """A lengthscale of 1e-3 on one standardised input: its scaled coordinates (~10³) enter D²
+    exactly, so float32 values stay within 1e-4 of the float64 kernel (the norm expansion alone
+    errs by ~0.1 in D² there)."""
+    g = torch.Generator().manual_seed(5)
+    k = make_kernel("matern32", 2, ard=True).double()
+    with torch.no_grad():
+        k.base_kernel.lengthscale = torch.tensor([[1e-3, 1.0]], dtype=torch.float64)
+    x = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)
+    x[:, 20:] = x[:, :20] + 1e-3 * torch.randn(1, 20, 2, generator=g, dtype=torch.float64)
+    reference = kernel_matrix(k, x, x)
+    ours = kernel_matrix_fused(k.float(), x.float(), x.float())
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours.double(), reference, rtol=0, atol=1e-4)
 
 
 def test_cholesky_and_inverse_and_their_gradients():

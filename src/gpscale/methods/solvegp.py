@@ -58,7 +58,7 @@ Numerics and speed (one minibatch step in float32; notes §2.11): K(Z ∪ O, Z �
 call, upcast to float64; K_uu, C_vv, their Cholesky factors, A and the inverse factors (L_u⁰)⁻¹,
 (L_v⁰)⁻¹ are float64 (:func:`cholesky_and_inverse`, whose backward needs products only). The
 batch-sized work is in the data dtype: K(x, Z ∪ O) is one kernel call (one fused autograd node for
-RBF / Matérn-3/2 / Matérn-5/2, :func:`kernel_matrix_fused`), and the two triangular solves of Alg.
+the stationary profiles of :mod:`gpscale.linalg.fused`, :func:`kernel_matrix_fused`), and the two triangular solves of Alg.
 1 line 4 are products with the inverse factors cast to that dtype, B = (L_u⁰)⁻¹K_uf, D =
 (L_v⁰)⁻¹(K_vf − AᵀB), with rounding errors of order ε‖(L⁰)⁻¹‖‖k(·, x)‖ like a float32 triangular
 solve's. B and D stay whitened (‖b_j‖² + ‖d_j‖² ≤ k(x_j, x_j)); the variance is never formed from
