@@ -9,14 +9,14 @@ import time
 import torch
 
 from gpscale.distributed import all_gather_rows, all_reduce_sum, current, shard_range
-from gpscale.distributed import cagp as dcagp
-from gpscale.distributed import ggp as dggp
 from gpscale.distributed.env import DistEnv
 from gpscale.distributed.reduce import check_replicated, reduce_gradients
-from gpscale.distributed.train import DataParallel
 from gpscale.methods import build
+from gpscale.methods import cagp_sharded as dcagp
+from gpscale.methods import ggp_sharded as dggp
 from gpscale.methods.baselines import svgp  # noqa: F401  (registers svgp)
 from gpscale.training import FitConfig, fit
+from gpscale.training.parallel import DataParallel
 
 torch.set_default_dtype(torch.float64)  # as conftest.py does in the parent process
 

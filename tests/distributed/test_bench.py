@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gpscale.benchmarks.distributed import _stream_rows, bench_ggp
 from gpscale.data.synthetic import FieldStream
-from gpscale.distributed.bench import _stream_rows, bench_ggp
 
 
 @pytest.mark.parametrize(("start", "stop"), [(0, 250), (0, 100), (37, 163), (200, 250),

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from gpscale.cli.__main__ import main
-from gpscale.distributed import ggp as dggp
 from gpscale.distributed import launch
 from gpscale.distributed.shard import shard_range
+from gpscale.methods import ggp_sharded as dggp
 from gpscale.training import FitConfig, fit
 
 from . import _jobs

@@ -12,12 +12,12 @@ from gpscale.distributed import (
     current,
     init_from_env,
 )
-from gpscale.distributed import cagp as dcagp
 from gpscale.distributed.reduce import gather_predictive, reduce_gradients, weighted_mean
-from gpscale.distributed.train import DataParallel
 from gpscale.distributions import Predictive
 from gpscale.methods import build
+from gpscale.methods import cagp_sharded as dcagp
 from gpscale.training import FitConfig, fit
+from gpscale.training.parallel import DataParallel
 
 from . import _jobs
 

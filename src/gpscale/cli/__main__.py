@@ -172,16 +172,16 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         raise ValueError("--nproc starts local processes itself; under torchrun leave it out")
     try:
         if args.nproc > 1:
+            from gpscale.benchmarks.rank import run_rank
             from gpscale.distributed.launch import launch
-            from gpscale.distributed.train import run_rank
 
             threads = int(os.environ["GPSCALE_THREADS"]) if os.environ.get(
                 "GPSCALE_THREADS") else None
             metrics = launch(run_rank, (spec, timeout), nproc=args.nproc, timeout=timeout,
                              threads=threads)[0]
         elif world_size > 1:
+            from gpscale.benchmarks.rank import run_rank
             from gpscale.distributed.env import current
-            from gpscale.distributed.train import run_rank
 
             metrics = run_rank(spec, timeout)
             if not current().is_main:

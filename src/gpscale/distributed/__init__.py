@@ -12,13 +12,13 @@ Modules:
 - :mod:`~gpscale.distributed.shard` — deterministic contiguous shards, per-rank minibatches.
 - :mod:`~gpscale.distributed.reduce` — differentiable all-reduce / all-gather, gradient averaging,
   parameter broadcast, gathering predictions.
-- :mod:`~gpscale.distributed.cagp` — data-parallel CaGP-Opt (ELBO from per-rank pieces; the
-  rank's K(X_r, X) S by the fused rectangular block-sparse product).
-- :mod:`~gpscale.distributed.ggp` — data-parallel GGP (per-rank sufficient statistics, one
-  all-reduce, then the m-dimensional solve replicated on every rank).
-- :mod:`~gpscale.distributed.train` — the ``training.fit`` hook :class:`DataParallel` and one
-  rank of ``gpscale fit``.
 - :mod:`~gpscale.distributed.launch` — ``gpscale fit --nproc P``: P local processes.
+
+This package is the infrastructure only. The sharded losses live beside their methods
+(:mod:`gpscale.methods.cagp_sharded`: CaGP-Opt's ELBO from per-rank pieces;
+:mod:`gpscale.methods.ggp_sharded`: per-rank sufficient statistics, one all-reduce), the
+``training.fit`` hook in :mod:`gpscale.training.parallel`, one rank of ``gpscale fit`` in
+:mod:`gpscale.benchmarks.rank` and the scaling benchmark in :mod:`gpscale.benchmarks.distributed`.
 
 Supported methods: ``cagp-opt`` and ``ggp`` (full batch, loss and gradients equal the
 single-process ones) and every ``minibatch=True`` method such as ``svgp``, ``solvegp``,

@@ -58,13 +58,14 @@ Numerics and speed (one minibatch step in float32; notes §2.11): K(Z ∪ O, Z �
 call, upcast to float64; K_uu, C_vv, their Cholesky factors, A and the inverse factors (L_u⁰)⁻¹,
 (L_v⁰)⁻¹ are float64 (:func:`cholesky_and_inverse`, whose backward needs products only). The
 batch-sized work is in the data dtype: K(x, Z ∪ O) is one kernel call (one fused autograd node for
-the stationary profiles of :mod:`gpscale.linalg.fused`, :func:`kernel_matrix_fused`), and the two triangular solves of Alg.
-1 line 4 are products with the inverse factors cast to that dtype, B = (L_u⁰)⁻¹K_uf, D =
-(L_v⁰)⁻¹(K_vf − AᵀB), with rounding errors of order ε‖(L⁰)⁻¹‖‖k(·, x)‖ like a float32 triangular
-solve's. B and D stay whitened (‖b_j‖² + ‖d_j‖² ≤ k(x_j, x_j)); the variance is never formed from
-K_uu⁻¹-scaled terms (k_uᵀK_uu⁻¹(S − K_uu)K_uu⁻¹k_u), which would square that. The variance terms
-are the quadratic forms b_jᵀ(P_uP_uᵀ − I)b_j + d_jᵀ(P_vP_vᵀ − I)d_j (:func:`mean_and_quadratic`,
-one product forward and one backward per set). The collapsed objective computes B, D in float64.
+the stationary profiles of :mod:`gpscale.linalg.fused`, :func:`kernel_matrix_fused`), and the two
+triangular solves of Alg. 1 line 4 are products with the inverse factors cast to that dtype, B =
+(L_u⁰)⁻¹K_uf, D = (L_v⁰)⁻¹(K_vf − AᵀB), with rounding errors of order ε‖(L⁰)⁻¹‖‖k(·, x)‖ like a
+float32 triangular solve's. B and D stay whitened (‖b_j‖² + ‖d_j‖² ≤ k(x_j, x_j)); the variance is
+never formed from K_uu⁻¹-scaled terms (k_uᵀK_uu⁻¹(S − K_uu)K_uu⁻¹k_u), which would square that. The
+variance terms are the quadratic forms b_jᵀ(P_uP_uᵀ − I)b_j + d_jᵀ(P_vP_vᵀ − I)d_j
+(:func:`mean_and_quadratic`, one product forward and one backward per set). The collapsed objective
+computes B, D in float64.
 ``jitter`` (1e-4 in float32, 1e-6 in float64 by default, as GPyTorch) is added to K_uu and C_vv;
 ``safe_cholesky`` adds more, with a warning, if needed. σ²(x) is a difference of terms, clamped at
 0 (notes §5).

@@ -2,7 +2,7 @@
 
 Every caller goes through these two functions — ``gpscale fit`` and the benchmark suites
 (``benchmarks.runner``), the scikit-learn estimators and each rank of a data-parallel run
-(``distributed.train``, which shards the data between the two):
+(``benchmarks.rank``, which shards the data between the two):
 
 1. :func:`build_method` builds the method from the registry under a forked, seeded RNG (so the
    initialisation is reproducible and the caller's RNG untouched), in the training dtype, and

@@ -1,126 +1,43 @@
-"""Data-parallel training: the ``training.fit`` hook and the per-rank body of ``gpscale fit``.
+"""One rank of a data-parallel ``gpscale fit`` (``--nproc P`` or a ``torchrun`` job).
 
-:class:`DataParallel` is what ``training.fit(..., parallel=...)`` calls on every rank: it
-supplies the rank's minibatches (:func:`~gpscale.distributed.shard.rank_batches`), reduces each
-step's loss and gradients across ranks before the optimiser sees them (as
-``DistributedDataParallel`` does), and agrees on the epoch time, so the ranks' parameters stay
-identical and they stop together. Two kinds of loss (module docstring of
-:mod:`gpscale.distributed.reduce`):
-
-- ``'local'`` — minibatch methods (``svgp`` and every ``minibatch=True`` method): the per-datum
-  loss on the rank's batch; gradients and loss values are averaged weighted by batch size, which
-  is exactly the loss and gradient on the union of the batches (the global batch).
-- ``'global'`` — data-parallel CaGP-Opt (:mod:`gpscale.distributed.cagp`): every rank computes
-  the same full-data loss through differentiable all-reduces; gradients are averaged plainly.
-  GGP (:mod:`gpscale.distributed.ggp`) is 'global' too: its statistics are all-reduced once
-  before training, after which every rank computes the same loss from the same numbers.
-
-:func:`run_rank` is one rank of ``gpscale fit --nproc P`` (or of a ``torchrun`` job): it loads
-the data, builds the model identically on every rank (rank 0's parameters are broadcast),
-keeps only its shard of the training set, trains, predicts the test set in shards, and rank 0
-writes ``metrics.json``, ``history.csv/json`` and ``model.pt`` exactly as ``gpscale fit`` does.
+:func:`run_rank` loads the data, builds the model identically on every rank through the training
+harness (rank 0's parameters are broadcast), keeps only its shard of the training set, trains
+with the :class:`~gpscale.training.parallel.DataParallel` hook, predicts the test set in shards,
+and rank 0 writes ``metrics.json``, ``history.csv/json`` and ``model.pt`` exactly as
+``gpscale fit`` does (:mod:`gpscale.benchmarks.runner`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from gpscale.benchmarks.runner import RunSpec, fit_config, load_data, write_outputs, write_partial
-from gpscale.distributed import cagp as dcagp
-from gpscale.distributed import ggp as dggp
-from gpscale.distributed.env import DEFAULT_TIMEOUT, DistEnv, current, init_from_env
+from gpscale.distributed.env import DEFAULT_TIMEOUT, current, init_from_env
 from gpscale.distributed.reduce import (
     all_gather_rows,
     all_reduce_max,
-    all_reduce_sum,
     broadcast_module,
     gather_predictive,
-    reduce_gradients,
-    weighted_mean,
 )
-from gpscale.distributed.shard import batch_per_rank, num_steps, rank_batches, shard_range
+from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
 from gpscale.errors import NonFiniteLossError
 from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
+from gpscale.methods import cagp_sharded as dcagp
+from gpscale.methods import ggp_sharded as dggp
 from gpscale.methods.base import Method
 from gpscale.methods.cagp import CaGP
 from gpscale.methods.ski import GGP
 from gpscale.training import Evaluate
 from gpscale.training.harness import build_method, cast, train_built
+from gpscale.training.parallel import DataParallel
 
-__all__ = ["LOSS_KINDS", "DataParallel", "is_sharded_cagp", "run_rank"]
-
-LOSS_KINDS = ("local", "global")
-
-
-class DataParallel:
-    """The data-parallel hook of ``training.fit`` for this rank.
-
-    Args:
-        num_points: n, the global number of training points (the shards tile 0 … n − 1).
-        kind: ``'local'`` (per-datum loss on the rank's batch, batch-size-weighted averages) or
-            ``'global'`` (the same loss on every rank, plain averages).
-        env: the distributed environment; default :func:`~gpscale.distributed.env.current`.
-
-    ``fit``'s ``batch_size`` is the *global* batch: each rank takes ⌈batch_size / P⌉ rows.
-    """
-
-    def __init__(self, num_points: int, *, kind: str = "local", env: DistEnv | None = None):
-        if kind not in LOSS_KINDS:
-            raise ValueError(f"unknown loss kind {kind!r}; valid: {', '.join(LOSS_KINDS)}")
-        self.env = env or current()
-        self.num_points, self.kind = int(num_points), kind
-        start, stop = shard_range(self.num_points, self.env.rank, self.env.world_size)
-        self.num_local = stop - start
-        self._rows = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.env.is_main
-
-    def batches(self, n: int, batch_size: int | None,
-                generator: torch.Generator) -> Iterator[Tensor | None]:
-        """This rank's local index batches for one epoch (the same count on every rank)."""
-        if n != self.num_local:
-            raise ValueError(f"rank {self.env.rank} trains on {n} rows but its shard of "
-                             f"{self.num_points} points has {self.num_local}")
-        per_rank = None if batch_size is None else batch_per_rank(batch_size,
-                                                                  self.env.world_size)
-        steps = num_steps(self.num_points, self.env.world_size, per_rank)
-        seed = int(torch.randint(2**62, (), generator=generator)) if steps > 1 else 0
-        return rank_batches(n, steps, seed, self.env.rank)
-
-    def _weight(self, rows: int) -> float:
-        return float(rows) if self.kind == "local" else 1.0
-
-    def reduce_loss(self, loss: Tensor, rows: int) -> float:
-        """The step's loss, the same float on every rank."""
-        # weights = rows: the union mean for 'local' losses; a 'global' loss is equal anyway
-        value, total = weighted_mean(loss, float(rows))
-        self._rows = int(total)
-        return value
-
-    def step_rows(self) -> int:
-        """The global batch size of the last step (the ranks' rows together)."""
-        return self._rows
-
-    def reduce_gradients(self, model: nn.Module, rows: int) -> None:
-        """Average the gradients across ranks (weighted by ``rows`` for ``'local'`` losses)."""
-        reduce_gradients(model.parameters(), self._weight(rows))
-
-    def all_reduce(self, t: Tensor) -> Tensor:
-        """``t`` summed over the ranks (each holds its shard's part of a sum over data)."""
-        return all_reduce_sum(t)
-
-    def epoch_time(self, seconds: float) -> float:
-        """The slowest rank's epoch time (the wall time of the parallel epoch)."""
-        return all_reduce_max(seconds)
+__all__ = ["is_sharded_cagp", "run_rank"]
 
 
 def is_sharded_cagp(model: Method) -> bool:

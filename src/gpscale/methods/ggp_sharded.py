@@ -16,7 +16,7 @@ training set, :func:`~gpscale.distributed.shard.shard_range`) and a single all-r
 O(7^d m + p m) floats gives every rank the statistics of all n points. Everything after that —
 the factorized CG, the log-determinant, the gradients, prediction — is m-dimensional and
 runs replicated on every rank from identical numbers (no further communication; the
-``'global'`` gradient average of :class:`~gpscale.distributed.train.DataParallel` is then a
+``'global'`` gradient average of :class:`~gpscale.training.parallel.DataParallel` is then a
 no-op on identical gradients). Memory per rank: its shard plus O(chunk · 16^d + 7^d m + p m).
 
 Probes. The log-determinant uses p Rademacher probes z_l ∈ ℝⁿ. One process
