@@ -27,7 +27,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from gpscale.data.transforms import Standardizer
 from gpscale.distributions import Predictive
-from gpscale.io import model_from_payload, model_payload
+from gpscale.io import model_from_payload, model_payload, register_loader
 from gpscale.methods.registry import METHODS, get_spec
 from gpscale.training import History, resolve_fit_config
 from gpscale.training.harness import cast, train_method
@@ -232,3 +232,6 @@ def estimator_from_payload(payload: dict[str, Any]) -> _GPEstimator:
     if "classes" in payload["extra"]:
         est.classes_ = payload["extra"]["classes"]
     return est
+
+
+register_loader("estimator", estimator_from_payload)

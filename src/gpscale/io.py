@@ -5,22 +5,41 @@ resolved constructor options (``model.options``), the state dict and, for method
 conditions on training data, that data. Loading rebuilds the module through the registry and loads
 the state dict, so predictions are identical. Estimators are saved with their parameters,
 standardising transform and training data. Files are pickles: load only files you trust.
+
+File integrity (also for the training checkpoints of ``training.fit``): every file carries a
+format marker, a format version, its kind (``method``, ``estimator``, ``checkpoint``) and the
+SHA-256 of its content (:func:`payload_digest`: tensors by dtype, shape and bytes, other values by
+type and value). :func:`read_file` checks all of them, so an empty, truncated, partly overwritten
+or foreign file is a :class:`~gpscale.errors.SavedFileError` (a ``ValueError``) naming the file
+and the problem, never a model with silently wrong parameters. Files of the first format
+(``gpscale-1``, no checksum) still load.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from gpscale.errors import NumericalError, SavedFileError
 from gpscale.methods.base import Method
 
-__all__ = ["save", "load", "load_with_data", "SavedModel", "model_payload", "model_from_payload"]
+__all__ = ["save", "load", "load_with_data", "SavedModel", "model_payload", "model_from_payload",
+           "payload_digest", "write_file", "read_file", "register_loader"]
 
-FORMAT = "gpscale-1"
+MAGIC = "gpscale"  # the format marker of every file gpscale writes
+VERSION = 2  # format version: 2 adds the version, kind and SHA-256 fields
+LEGACY_FORMAT = "gpscale-1"  # model files of version 1 (no checksum), still read
+_META = ("format", "version", "kind", "sha256")
+_WHAT = {"method": "a saved model", "estimator": "a saved estimator",
+         "checkpoint": "a training checkpoint"}
 
 
 def model_payload(model: Method, data: tuple[Tensor, Tensor] | None = None) -> dict[str, Any]:
@@ -67,33 +86,37 @@ def save(obj: Any, path: str | Path, *, data: tuple[Tensor, Tensor] | None = Non
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(obj, Method):
-        payload = {"format": FORMAT, "kind": "method", "model": model_payload(obj, data),
-                   "transform": transform, "info": dict(info or {})}
+        kind, content = "method", {"model": model_payload(obj, data), "transform": transform,
+                                   "info": dict(info or {})}
     elif hasattr(obj, "_to_payload"):
-        payload = {"format": FORMAT, "kind": "estimator", **obj._to_payload()}
+        kind, content = "estimator", obj._to_payload()
     else:
         raise TypeError(f"cannot save a {type(obj).__name__}; expected a Method or estimator")
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-    return path
-
-
-def _read(path: str | Path) -> dict[str, Any]:
-    payload = torch.load(Path(path), map_location="cpu", weights_only=False)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a gpscale model file (format {FORMAT})")
-    return payload
+    return write_file(path, kind, content)
 
 
 def load(path: str | Path) -> Any:
-    """Load what :func:`save` wrote: the Method or the estimator."""
-    payload = _read(path)
-    if payload["kind"] == "method":
-        return model_from_payload(payload["model"])
-    from gpscale.estimators import estimator_from_payload
+    """Load what :func:`save` wrote: the Method or the estimator.
 
-    return estimator_from_payload(payload)
+    Raises:
+        SavedFileError: the file is empty, truncated, corrupt, not a gpscale model file or
+            holds a model that cannot be rebuilt.
+    """
+    payload = read_file(path, ("method", "estimator"))
+    if payload["kind"] == "method":
+        return _rebuild(path, lambda: model_from_payload(payload["model"]))
+    if "estimator" not in _LOADERS:  # registered by gpscale.estimators, which gpscale imports
+        raise SavedFileError(path, "holds a fitted estimator; import gpscale.estimators first")
+    return _rebuild(path, lambda: _LOADERS["estimator"](payload))
+
+
+_LOADERS: dict[str, Any] = {}
+
+
+def register_loader(kind: str, rebuild: Any) -> None:
+    """Rebuild files of ``kind`` with ``rebuild(payload)`` (``gpscale.estimators`` registers
+    ``"estimator"``; this module imports no layer above the methods)."""
+    _LOADERS[kind] = rebuild
 
 
 @dataclass(frozen=True)
@@ -108,8 +131,152 @@ class SavedModel:
 
 def load_with_data(path: str | Path) -> SavedModel:
     """Load a saved Method with its training data, raw-data transform and info."""
-    payload = _read(path)
+    payload = read_file(path, ("method", "estimator"))
     if payload["kind"] != "method":
-        raise ValueError(f"{path} holds an estimator; use gpscale.load")
-    return SavedModel(model_from_payload(payload["model"]), payload["model"]["data"],
-                      payload.get("transform"), payload.get("info", {}))
+        raise SavedFileError(path, "holds a scikit-learn style estimator saved with "
+                             "gpscale.save, not a model written by `gpscale fit`; load it "
+                             "with gpscale.load")
+    model = _rebuild(path, lambda: model_from_payload(payload["model"]))
+    return SavedModel(model, payload["model"].get("data"), payload.get("transform"),
+                      payload.get("info") or {})
+
+
+def _rebuild(path: str | Path, make: Any) -> Any:
+    """``make()``, with a payload that does not fit its model reported as a SavedFileError."""
+    try:
+        return make()
+    except NumericalError:
+        raise
+    except (KeyError, TypeError, AttributeError, IndexError, RuntimeError, ValueError) as err:
+        raise SavedFileError(path, "holds a model that cannot be rebuilt (written by another "
+                             f"gpscale version, or edited?): {_one_line(err)}") from None
+
+
+def write_file(path: str | Path, kind: str, content: dict[str, Any]) -> Path:
+    """Write ``content`` atomically with the format marker, version, ``kind`` and checksum.
+
+    The top level of the file stays a plain dict (``content``'s keys plus ``format``,
+    ``version``, ``kind`` and ``sha256``), so ``torch.load`` still reads it directly.
+    """
+    if kind not in _WHAT or any(key in content for key in _META):
+        raise ValueError(f"kind must be one of {', '.join(_WHAT)} and content must not hold "
+                         f"the keys {', '.join(_META)}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": MAGIC, "version": VERSION, "kind": kind, **content}
+    payload["sha256"] = payload_digest(payload)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+    return path
+
+
+def read_file(path: str | Path, kinds: tuple[str, ...]) -> dict[str, Any]:
+    """Read and verify a file written by :func:`write_file` holding one of ``kinds``.
+
+    Returns:
+        The payload dict (``kind`` says which it is).
+
+    Raises:
+        OSError: the file cannot be opened (missing, a directory, no permission).
+        SavedFileError: empty, truncated or corrupt (checksum mismatch), not a gpscale file,
+            a newer format version, or another kind of file.
+    """
+    path = Path(path)
+    raw = path.read_bytes()
+    expected = " or ".join(_WHAT[k] for k in kinds)
+    if not raw:
+        raise SavedFileError(path, f"the file is empty (0 bytes); expected {expected}")
+    try:
+        payload = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=False)
+    except Exception as err:  # any failure to unpickle means an unreadable file
+        raise SavedFileError(path, f"cannot be read as {expected}: the file is truncated, "
+                             f"corrupt or not written by gpscale ({_one_line(err)})") from None
+    if isinstance(payload, dict) and payload.get("format") == LEGACY_FORMAT:
+        payload = dict(payload)
+        payload.setdefault("kind", "method")
+    elif "checkpoint" in kinds and _is_legacy_checkpoint(payload):
+        payload = {**payload, "kind": "checkpoint"}
+    elif not isinstance(payload, dict) or payload.get("format") != MAGIC:
+        raise SavedFileError(path, f"is not a gpscale file; expected {expected}")
+    else:
+        _verify(path, payload)
+    if payload.get("kind") not in kinds:
+        found = _WHAT.get(payload.get("kind"), f"kind {payload.get('kind')!r}")
+        raise SavedFileError(path, f"holds {found}, not {expected}")
+    return payload
+
+
+def _verify(path: Path, payload: dict[str, Any]) -> None:
+    version = payload.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise SavedFileError(path, f"has format version {version!r}; this gpscale reads "
+                             f"versions up to {VERSION} (upgrade gpscale to read it)")
+    stored = payload.pop("sha256", None)
+    if stored != payload_digest(payload):
+        raise SavedFileError(path, "checksum mismatch: the file is corrupt (changed or partly "
+                             "overwritten after gpscale wrote it); write it again")
+
+
+def _is_legacy_checkpoint(payload: Any) -> bool:
+    keys = {"epoch", "time_s", "model", "optimizer", "generator", "history"}
+    return isinstance(payload, dict) and "format" not in payload and keys <= payload.keys()
+
+
+def _one_line(err: BaseException, limit: int = 120) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def payload_digest(obj: Any) -> str:
+    """SHA-256 (hex) of a payload: nested dicts, lists, tuples, tensors, arrays and scalars.
+
+    Tensors and arrays contribute dtype, shape and raw bytes; other values their type and value,
+    so the digest of what ``torch.load`` returns equals that of what was saved.
+    """
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _feed(h: Any, obj: Any) -> None:
+    if isinstance(obj, Tensor):
+        t = obj.detach().cpu().resolve_conj().resolve_neg()
+        t = (t.to_dense() if t.layout != torch.strided else t).contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(obj, np.ndarray):
+        h.update(f"A{obj.dtype}{obj.shape}".encode())
+        if obj.dtype.hasobject:
+            _feed(h, obj.tolist())
+        else:
+            h.update(np.ascontiguousarray(obj).tobytes())
+    elif isinstance(obj, dict):
+        h.update(b"D%d:" % len(obj))
+        for key, value in obj.items():
+            _feed(h, key)
+            _feed(h, value)
+    elif isinstance(obj, list | tuple):
+        h.update(b"%s%d:" % (b"L" if isinstance(obj, list) else b"U", len(obj)))
+        for item in obj:
+            _feed(h, item)
+    elif isinstance(obj, set | frozenset):
+        _feed(h, ("set", sorted(repr(item) for item in obj)))
+    elif isinstance(obj, str):
+        data = obj.encode("utf-8", "surrogatepass")
+        h.update(b"S%d:" % len(data) + data)
+    elif isinstance(obj, bytes | bytearray):
+        h.update(b"B%d:" % len(obj) + bytes(obj))
+    elif isinstance(obj, float):
+        h.update(b"F" + obj.hex().encode())
+    elif obj is None or isinstance(obj, bool | int | complex | torch.dtype | torch.device):
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+    elif isinstance(obj, np.generic):
+        _feed(h, obj.item())
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        _feed(h, (type(obj).__qualname__,
+                  {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}))
+    elif callable(getattr(obj, "state_dict", None)):
+        _feed(h, (type(obj).__qualname__, obj.state_dict()))
+    else:  # an object without a stable value representation: its type only
+        h.update(f"O{type(obj).__module__}.{type(obj).__qualname__};".encode())

@@ -18,12 +18,14 @@ classification metrics take class probabilities of shape (t, C). All return Pyth
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["rmse", "gaussian_nll", "accuracy", "multiclass_nll", "ece", "coverage_error",
-           "poisson_nll"]
+__all__ = ["json_safe", "rmse", "gaussian_nll", "accuracy", "multiclass_nll", "ece",
+           "coverage_error", "poisson_nll"]
 
 
 def rmse(mean: Tensor, y: Tensor) -> float:
@@ -118,3 +120,17 @@ def coverage_error(mean: Tensor, variance: Tensor, y: Tensor, level: float = 0.9
 def _same_length(a: Tensor, y: Tensor) -> None:
     if a.shape[0] != y.shape[0]:
         raise ValueError(f"predictions have {a.shape[0]} rows but targets have {y.shape[0]}")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, inf) replaced by ``None`` (JSON ``null``),
+    through dicts, lists and tuples; numpy and 0-d tensor scalars become Python numbers."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

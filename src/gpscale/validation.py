@@ -44,8 +44,11 @@ def check_xy(x: Tensor, y: Tensor, *, task: str = "regression",
         raise ValueError(f"X has {x.shape[0]} rows but y has {y.shape[0]} entries; "
                          "they must have the same length")
     yf = y.double()
-    if not bool(torch.isfinite(yf).all()):
-        raise ValueError("y contains NaN or inf values; remove or impute them before fitting")
+    bad = ~torch.isfinite(yf)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten()[:5].tolist()
+        raise ValueError(f"y contains NaN or inf values (first rows: {rows}); remove or impute "
+                         "them before fitting")
     if task == "classification":
         if bool((yf != yf.round()).any()) or bool((yf < 0).any()):
             raise ValueError("classification labels must be integers in 0..C-1")

@@ -112,3 +112,96 @@ def test_split_is_seeded(tmp_path):
     torch.testing.assert_close(a.y_test, b.y_test, rtol=0, atol=0)
     assert not torch.equal(a.y_test, c.y_test)
     assert a.info["seed"] == 1
+
+
+# -- malformed files: a ValueError naming the file, the line and the column ------------------------
+
+def _lines(path, *lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("part", ["train", "test"])
+def test_nonfinite_target_is_rejected_in_either_split(tmp_path, part):
+    train, test = random_split(40, 0.1, 0)
+    row = int((train if part == "train" else test)[0])
+    rows = ROWS.astype(object)
+    rows[row, 2] = "inf"
+    path = _write(tmp_path / "d.csv", rows, header=["a", "b", "price", "c"])
+    with pytest.raises(ValueError, match=rf"d.csv: the target column 'price' holds NaN or inf "
+                                         rf"on line {row + 2}; remove") as err:
+        load_csv(path, "price")
+    assert "standardize" not in str(err.value)
+
+
+def test_nonfinite_and_missing_inputs_name_line_and_column(tmp_path):
+    path = _lines(tmp_path / "d.csv", "a,b,y", "1,2,3", "4,nan,6", "7,8,9", "1,inf,2")
+    with pytest.raises(ValueError, match="column 'b' holds NaN or inf on lines 3, 5"):
+        load_csv(path, "y")
+    path = _lines(tmp_path / "e.csv", "a,b,y", "1,2,3", "4,,6", "7,8,9")
+    with pytest.raises(ValueError, match="line 3, column 'b': empty value"):
+        load_csv(path, "y")
+    path = _lines(tmp_path / "f.csv", "1;2,5;3", "4;5,5;6", "7;8;9")
+    with pytest.raises(ValueError, match="line 1, column 1: '2,5' is not a number .a decimal "
+                                         "comma"):
+        load_csv(path, -1)
+
+
+def test_header_only_and_single_row_files(tmp_path):
+    with pytest.raises(ValueError, match="h.csv has a header row but no data rows"):
+        load_csv(_lines(tmp_path / "h.csv", "a,b,y"), "y")
+    with pytest.raises(ValueError, match="has 1 data row; at least 2"):
+        load_csv(_lines(tmp_path / "one.csv", "a,b,y", "1,2,3"), "y")
+    with pytest.raises(ValueError, match="is empty"):
+        load_csv(_lines(tmp_path / "blank.csv", "", "  ", ""), -1)
+
+
+@pytest.mark.parametrize("target", ["a", "y", 0])
+def test_duplicate_column_names_are_an_error(tmp_path, target):
+    path = _write(tmp_path / "d.csv", ROWS, header=["a", "b", "a", "y"])
+    with pytest.raises(ValueError, match=r"duplicate column names in the header: 'a' "
+                                         r"\(columns 1, 3\)"):
+        load_csv(path, target)
+
+
+@pytest.mark.parametrize("delimiter", [";", "\t", "|"])
+def test_delimiter_is_sniffed(tmp_path, delimiter):
+    want = load_csv(_write(tmp_path / "c.csv", ROWS, header=["a", "b", "t", "c"]), "t")
+    got = load_csv(_write(tmp_path / "o.csv", ROWS, header=["a", "b", "t", "c"],
+                          delimiter=delimiter), "t")
+    assert got.info["columns"] == ["a", "b", "c"]
+    torch.testing.assert_close(got.x_train, want.x_train, rtol=0, atol=0)
+    torch.testing.assert_close(got.y_test, want.y_test, rtol=0, atol=0)
+
+
+def test_a_wrong_explicit_delimiter_is_named(tmp_path):
+    path = _write(tmp_path / "s.csv", ROWS, header=["a", "b", "t", "c"], delimiter=";")
+    with pytest.raises(ValueError, match="looks semicolon-separated"):
+        load_csv(path, "t", delimiter=",")
+
+
+def test_ragged_rows_name_the_line(tmp_path):
+    path = _lines(tmp_path / "r.csv", "a,b,y", "1,2,3", "4,5", "7,8,9")
+    with pytest.raises(ValueError, match="r.csv: line 3 has 2 fields, line 1 has 3"):
+        load_csv(path, "y")
+
+
+def test_undecodable_and_bad_gzip_files(tmp_path):
+    path = tmp_path / "latin.csv"
+    path.write_bytes("a,b,y\n1,2,3\n4,5,6\n\xe9,1,2\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="is not UTF-8 text .byte 0xe9 on line 4"):
+        load_csv(path, "y")
+    fake = tmp_path / "fake.csv.gz"
+    fake.write_text("a,b,y\n1,2,3\n")
+    with pytest.raises(ValueError, match="is not a readable gzip file"):
+        load_csv(fake, "y")
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfa,y\n1,2\n2,3\n3,5\n")
+    assert load_csv(bom, "y").info["columns"] == ["a"]
+
+
+def test_counts_error_names_the_line(tmp_path):
+    path = _lines(tmp_path / "k.csv", "a,k", "1,2", "2,1.5", "3,0")
+    with pytest.raises(ValueError, match="non-negative integers; the target column 'k' holds "
+                                         "'1.5' on line 3"):
+        load_csv(path, "k", task="counts")

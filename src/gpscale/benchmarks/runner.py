@@ -4,7 +4,9 @@
 the method through :mod:`gpscale.training.harness` (test metrics every ``eval_every`` epochs,
 outside the training clock), evaluates the final model and, with ``out``, writes
 ``metrics.json``, ``history.csv``, ``history.json`` and ``model.pt`` there. All metrics are on the
-standardised target scale, as the papers report them.
+standardised target scale, as the papers report them. ``metrics.json`` is strict JSON: a
+non-finite metric is written as ``null``. ``model.pt`` records the names of the raw input columns
+(the CSV header's, else ``x0..x{d-1}``) so that ``gpscale predict`` matches columns by name.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from gpscale.errors import NonFiniteLossError
 from gpscale.io import save
 from gpscale.methods.base import Method
 from gpscale.methods.registry import get_spec
+from gpscale.metrics import json_safe
 from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
 from gpscale.training.harness import cast, train_method
 
 __all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_test",
-           "write_outputs", "write_partial"]
+           "write_outputs", "write_partial", "feature_names"]
 
 log = logging.getLogger("gpscale.benchmarks")
 
@@ -199,13 +202,17 @@ def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, mode
            data: Dataset, train: tuple[torch.Tensor, torch.Tensor]) -> None:
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2,
+                                                 allow_nan=False) + "\n")
     history.to_csv(out / "history.csv")
     history.to_json(out / "history.json")
     transform = None if data.transform is None else data.transform.to_dict()
     info = {"spec": asdict(spec), "metrics": metrics, "dataset": data.name,
             "task": data.task, "num_classes": data.num_classes,
-            "classes": data.info.get("classes"), "num_features": _raw_num_features(data)}
+            "classes": data.info.get("classes"), "num_features": _raw_num_features(data),
+            "feature_names": feature_names(data), "target_name": data.info.get("target"),
+            "target_index": data.info.get("target_index"),
+            "num_columns": data.info.get("num_columns")}
     save(model, out / "model.pt", data=train, transform=transform, info=info)
     log.info("wrote %s", out)
 
@@ -224,3 +231,12 @@ def _raw_num_features(data: Dataset) -> int | None:
     if data.transform is None:
         return data.num_dims
     return data.transform.num_input_dims
+
+
+def feature_names(data: Dataset) -> list[str]:
+    """Names of the raw input columns: the CSV header's (or the loader's), else x0..x{d-1}."""
+    d = _raw_num_features(data) or data.num_dims
+    names = data.info.get("columns")
+    if names and data.info.get("header", True) and len(names) == d:
+        return [str(name) for name in names]
+    return [f"x{j}" for j in range(d)]

@@ -191,13 +191,15 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     except DistributedError as err:
         print(f"gpscale fit: data-parallel run failed: {err}", file=sys.stderr)
         return 4
-    print(json.dumps(metrics, indent=2))
+    from gpscale.metrics import json_safe
+
+    print(json.dumps(json_safe(metrics), indent=2, allow_nan=False))
     print(f"wrote {args.out}/metrics.json, history.csv and model.pt", file=sys.stderr)
     return 0
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from gpscale.benchmarks.predict import predict_csv
+    from gpscale.cli.predict import predict_csv
 
     table = predict_csv(args.model, args.data, target=args.target)
     text = table.to_csv()

@@ -76,28 +76,40 @@ class Standardizer:
             The fitted standardiser.
 
         Raises:
-            ValueError: when x is not 2-D, has fewer than 2 rows or non-finite values, when every
-                column is constant, or when y is standardised but constant.
+            ValueError: when x is not 2-D, has fewer than 2 rows or non-finite values, when y
+                has the wrong shape or non-finite values, when every column is constant, or
+                when y is standardised but constant.
         """
         if x.dim() != 2 or x.shape[0] < 2:
             raise ValueError(f"x must have shape (n, d) with n >= 2; got {tuple(x.shape)}")
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError("x contains NaN or inf values; remove or impute them first")
+        _check_finite(x, "x")
+        if y is not None:
+            if y.shape != (x.shape[0],):
+                raise ValueError(f"y must have shape ({x.shape[0]},); got {tuple(y.shape)}")
+            _check_finite(y, "y")
         xd = x.detach().to(torch.float64)
-        keep = (xd.amax(0) != xd.amin(0)).nonzero().flatten()  # (d_kept,)
+        std_all = xd.std(0, correction=0)  # (d,); 0 where constant (or a spread that underflows)
+        if not bool(torch.isfinite(std_all).all()):
+            cols = torch.nonzero(~torch.isfinite(std_all)).flatten().tolist()
+            raise ValueError(f"x columns {cols} are too large to standardise in float64 "
+                             f"(largest |value| {float(xd.abs().max()):g}); rescale them")
+        keep = (std_all > 0).nonzero().flatten()  # (d_kept,)
         if keep.numel() == 0:
             raise ValueError(f"all {x.shape[1]} input columns are constant on the training set")
         mean = xd[:, keep].mean(0)
-        std = xd[:, keep].std(0, correction=0)
+        std = std_all[keep]
         y_mean, y_std = 0.0, 1.0
         if y is not None and standardize_y:
             yd = y.detach().to(torch.float64)
-            if yd.shape != (x.shape[0],):
-                raise ValueError(f"y must have shape ({x.shape[0]},); got {tuple(y.shape)}")
             y_mean, y_std = float(yd.mean()), float(yd.std(correction=0))
+            if not y_std < float("inf"):
+                raise ValueError(f"y is too large to standardise in float64 (largest |value| "
+                                 f"{float(yd.abs().max()):g}); rescale it")
             if not y_std > 0:
-                raise ValueError("y is constant (or non-finite) on the training set; "
-                                 "pass standardize_y=False to keep it as is")
+                spread = (f"every value is {float(yd[0]):g}" if bool((yd == yd[0]).all())
+                          else "its spread underflows float64")
+                raise ValueError(f"y is constant on the training rows ({spread}); regression "
+                                 "needs targets that vary")
         return cls(x_mean=tuple(mean.tolist()), x_std=tuple(std.tolist()),
                    kept_columns=tuple(keep.tolist()), num_input_dims=x.shape[1],
                    y_mean=y_mean, y_std=y_std)
@@ -150,3 +162,14 @@ class Standardizer:
                    kept_columns=tuple(int(v) for v in data["kept_columns"]),
                    num_input_dims=int(data["num_input_dims"]),
                    y_mean=float(data["y_mean"]), y_std=float(data["y_std"]))
+
+
+def _check_finite(t: Tensor, name: str) -> None:
+    """ValueError naming the first rows (0-based) of ``t`` that hold NaN or inf."""
+    bad = ~torch.isfinite(t.detach())
+    if bool(bad.any()):
+        rows = torch.nonzero(bad if t.dim() == 1 else bad.any(1)).flatten()
+        shown = ", ".join(str(int(i)) for i in rows[:5])
+        more = f" and {rows.numel() - 5} more" if rows.numel() > 5 else ""
+        raise ValueError(f"{name} contains NaN or inf values (rows {shown}{more}); remove or "
+                         "impute them first")

@@ -4,11 +4,14 @@ It knows nothing about any method: it minimises ``loss_fn(model, x_batch, y_batc
 L-BFGS, over minibatches or the full data, under epoch and wall-clock budgets, and records a
 :class:`History`. Evaluation callbacks run outside the training clock. With a checkpoint path it
 writes the model, optimiser, scheduler, history and shuffling-generator state atomically, and a
-later call with the same path resumes where the earlier one stopped. A non-finite loss stops
+later call with the same path resumes where the earlier one stopped. The file carries a format
+version and a checksum (``gpscale.io.write_file``) and what identifies the run (method, optimiser,
+probe rows of the training data); a corrupt checkpoint, or one written by another run, is a
+``SavedFileError`` (a ``ValueError``), never silently trained over. A non-finite loss stops
 training: the model is restored to the last good parameters and ``NonFiniteLossError`` is raised
 carrying the history and the last checkpoint (which is never overwritten by a bad state).
 
-Data-parallel runs pass ``parallel`` (``gpscale.distributed.train.DataParallel``): every rank
+Data-parallel runs pass ``parallel`` (``gpscale.training.parallel.DataParallel``): every rank
 runs this loop on its shard, the hook supplies the rank's minibatches, reduces each step's loss
 and gradients across ranks before the optimiser sees them, and agrees on the epoch time, so all
 ranks take identical steps and stop together; only the main rank shows progress and writes the
@@ -20,7 +23,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import sys
 import time
 import warnings
@@ -33,7 +35,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from gpscale.errors import NonFiniteLossError, NumericalError
+from gpscale.errors import NonFiniteLossError, NumericalError, SavedFileError
+from gpscale.io import read_file, write_file
 from gpscale.training.config import FitConfig
 from gpscale.training.history import History
 from gpscale.training.schedules import Schedule
@@ -59,6 +62,7 @@ class _Run:
     history: History
     start_epoch: int = 1
     time_offset: float = 0.0
+    identity: dict[str, Any] | None = None  # what a checkpoint must match (see _identity)
 
 
 def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
@@ -78,7 +82,7 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             ``batches(n, batch_size, generator)`` (an iterator of local index tensors or
             ``None``), ``reduce_loss(loss, batch_rows) -> float``, ``step_rows() -> int`` (the
             last step's global batch size), ``reduce_gradients(model, batch_rows)`` and
-            ``epoch_time(seconds) -> float`` (see ``gpscale.distributed.train``).
+            ``epoch_time(seconds) -> float`` (see ``gpscale.training.parallel``).
 
     Returns:
         The history, one row per epoch: ``epoch``, ``time_s`` (cumulative training time,
@@ -88,6 +92,8 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
         NonFiniteLossError: the loss became NaN or infinite; the model holds the last good
             parameters, the checkpoint file (if any) the last good state.
         ValueError: no trainable parameters or mismatched data.
+        SavedFileError: the checkpoint to resume from is corrupt, not a checkpoint, or was
+            written by another run (method, optimiser, parameter shapes or training data).
     """
     config = config or FitConfig()
     loss_fn = loss_fn or default_loss
@@ -99,6 +105,8 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
         raise ValueError("the model has no trainable parameters")
     run = _start(model, params, config, x.shape[0])
     ckpt = Path(config.checkpoint) if config.checkpoint else None
+    if ckpt is not None:
+        run.identity = _identity(model, run.optimizer, x, y, parallel)
     if ckpt is not None and config.resume and ckpt.exists():
         _load_checkpoint(ckpt, model, run)
         log.info("resumed from %s at epoch %d", ckpt, run.start_epoch)
@@ -333,6 +341,7 @@ def _show(config: FitConfig) -> bool:
 
 def _save_checkpoint(path: Path, model: nn.Module, run: _Run, epoch: int, clock: float) -> None:
     state = {
+        "run": run.identity,
         "epoch": epoch,
         "time_s": clock,
         "model": model.state_dict(),
@@ -341,19 +350,89 @@ def _save_checkpoint(path: Path, model: nn.Module, run: _Run, epoch: int, clock:
         "generator": run.generator.get_state(),
         "history": run.history.state_dict(),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    write_file(path, "checkpoint", state)
 
 
 def _load_checkpoint(path: Path, model: nn.Module, run: _Run) -> None:
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    if run.scheduler is not None and state["scheduler"] is not None:
-        run.scheduler.load_state_dict(state["scheduler"])
-    run.generator.set_state(state["generator"])
-    run.history = History.from_state_dict(state["history"])
-    run.start_epoch = int(state["epoch"]) + 1
-    run.time_offset = float(state["time_s"])
+    state = read_file(path, ("checkpoint",))
+    _check_checkpoint(path, state, model, run.identity)
+    try:
+        model.load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
+        if run.scheduler is not None and state["scheduler"] is not None:
+            run.scheduler.load_state_dict(state["scheduler"])
+        run.generator.set_state(state["generator"])
+        run.history = History.from_state_dict(state["history"])
+        run.start_epoch = int(state["epoch"]) + 1
+        run.time_offset = float(state["time_s"])
+    except (KeyError, TypeError, AttributeError, ValueError, RuntimeError) as err:
+        text = " ".join(str(err).split())[:200]
+        raise SavedFileError(path, f"cannot resume from this checkpoint ({text}){_FRESH}") \
+            from None
+
+
+_FRESH = "; delete it, or pass another checkpoint path, to train from the start"
+
+
+def _identity(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor,
+              parallel: Any) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the method (or module class), the optimiser
+    and, in one process, the training data's shapes and 16 probe rows (a data-parallel rank
+    holds only its shard, so there the data is not compared)."""
+    identity: dict[str, Any] = {
+        "model": getattr(model, "method_key", None) or type(model).__qualname__,
+        "optimizer": type(optimizer).__name__, "data": None}
+    if parallel is None:
+        n = x.shape[0]
+        idx = torch.linspace(0, max(n - 1, 0), min(n, 16)).round().long()
+        identity["data"] = {"x_shape": tuple(x.shape), "y_shape": tuple(y.shape),
+                            "x": x[idx.to(x.device)].detach().double().cpu(),
+                            "y": y[idx.to(y.device)].detach().double().cpu()}
+    return identity
+
+
+def _check_checkpoint(path: Path, state: dict[str, Any], model: nn.Module,
+                      identity: dict[str, Any] | None) -> None:
+    """Raise SavedFileError when the checkpoint was written by another run."""
+    saved, now = state.get("run") or {}, identity or {}
+    for key, what in (("model", "method"), ("optimizer", "optimiser")):
+        if saved.get(key) is not None and now.get(key) is not None and saved[key] != now[key]:
+            raise SavedFileError(path, f"was written by a run with {what} {saved[key]}; this "
+                                 f"run uses {now[key]}{_FRESH}")
+    theirs, own = state.get("model"), model.state_dict()
+    if not isinstance(theirs, dict):
+        raise SavedFileError(path, f"holds no model parameters{_FRESH}")
+    diffs = [f"{k} missing" for k in own if k not in theirs]
+    diffs += [f"unexpected {k}" for k in theirs if k not in own]
+    diffs += [f"{k} has shape {_describe(theirs[k])} there, {_describe(own[k])} here"
+              for k in own if k in theirs and _describe(theirs[k]) != _describe(own[k])]
+    dtypes = {(str(v.dtype), str(own[k].dtype)) for k, v in theirs.items()
+              if isinstance(v, Tensor) and k in own and v.dtype != own[k].dtype}
+    if dtypes and not diffs:
+        there, here = (", ".join(sorted({d[i].replace("torch.", "") for d in dtypes}))
+                       for i in (0, 1))
+        raise SavedFileError(path, f"was written by a {there} run; this run trains in {here} "
+                             f"(--dtype){_FRESH}")
+    if diffs:
+        raise SavedFileError(path, f"its parameters do not match this model ({'; '.join(diffs[:3])}"
+                             f"{'; ...' if len(diffs) > 3 else ''}): written with other method "
+                             f"options (-o)?{_FRESH}")
+    _check_data(path, saved.get("data"), now.get("data"))
+
+
+def _check_data(path: Path, saved: dict[str, Any] | None, now: dict[str, Any] | None) -> None:
+    if saved is None or now is None:
+        return
+    if tuple(saved["x_shape"]) != now["x_shape"] or tuple(saved["y_shape"]) != now["y_shape"]:
+        raise SavedFileError(path, f"was written for training data of shape "
+                             f"{tuple(saved['x_shape'])}; this run's is {now['x_shape']} "
+                             f"(another data set or split?){_FRESH}")
+    close = all(torch.allclose(saved[k], now[k], rtol=1e-5, atol=1e-6, equal_nan=True)
+                for k in ("x", "y"))
+    if not close:
+        raise SavedFileError(path, "was written for other training data of the same shape "
+                             f"(another data set, split or seed?){_FRESH}")
+
+
+def _describe(value: Any) -> str:
+    return str(tuple(value.shape)) if isinstance(value, Tensor) else type(value).__name__

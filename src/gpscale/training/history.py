@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpscale.metrics import json_safe
+
 __all__ = ["History"]
 
 
@@ -53,7 +55,9 @@ class History:
             writer.writerows(self.rows)
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"stopped": self.stopped, "rows": self.rows}, indent=1))
+        text = json.dumps(json_safe({"stopped": self.stopped, "rows": self.rows}), indent=1,
+                          allow_nan=False)  # a NaN or inf value is written as null
+        Path(path).write_text(text)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": [dict(r) for r in self.rows], "stopped": self.stopped}

@@ -1,0 +1,172 @@
+"""``gpscale predict``: a saved model applied to the rows of a CSV file.
+
+Columns are matched by name: a model saved by ``gpscale fit`` records the names of its input
+columns (the training CSV's header, else ``x0..x{d-1}``), and a file with a header row may hold
+them in any order. A missing input column is an error naming it; so is an unknown extra column,
+except the training target column (or the ``--target`` column), which is dropped. A file without a
+header row is matched by position: it holds the d input columns in training order, or the
+training file's d + 1 columns with the target at its training position (or at ``--target``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpscale.data.csv import Table, numeric_columns, read_table
+from gpscale.data.transforms import Standardizer
+from gpscale.io import load_with_data
+from gpscale.validation import check_x
+
+__all__ = ["PredictionTable", "predict_csv", "read_features"]
+
+
+@dataclass(frozen=True)
+class PredictionTable:
+    """Predictions as named columns of equal length."""
+
+    columns: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(self.columns)
+        for row in zip(*self.columns.values(), strict=True):
+            writer.writerow([f"{v:.8g}" if isinstance(v, float | np.floating) else v
+                             for v in row])
+        return buf.getvalue()
+
+
+def read_features(path: str | Path, target: str | None = None, *,
+                  feature_names: list[str] | None = None, num_features: int | None = None,
+                  train_target: str | None = None,
+                  train_target_index: int | None = None) -> np.ndarray:
+    """The model's input columns of a CSV file as a float array (rows, d), in training order.
+
+    Args:
+        path: the CSV file (delimiter sniffed, header row detected).
+        target: a column to drop if present: a header name or an index (``--target``).
+        feature_names: the model's input column names, in training order; with a header row
+            the columns are matched by these names. ``None``: matched by position.
+        num_features: d, the number of input columns the model was trained on.
+        train_target: the training target's column name (dropped if present).
+        train_target_index: the training target's position in the training file.
+
+    Raises:
+        ValueError: unreadable file, no data rows, missing or unknown columns, a column count
+            that fits neither d nor d + 1, empty, non-numeric, NaN or inf features.
+    """
+    table = read_table(path)
+    if table.names is not None and feature_names is not None:
+        cols = _columns_by_name(path, table, target, feature_names, train_target)
+    else:
+        cols = _columns_by_position(path, table, target, num_features, train_target_index)
+    return numeric_columns(path, table, cols)
+
+
+def _columns_by_name(path: str | Path, table: Table, target: str | None,
+                     feature_names: list[str], train_target: str | None) -> list[int]:
+    header = table.names
+    drop = {name for name in (target, train_target) if name is not None and name in header}
+    index = _index(target, table.width)
+    if target is not None and target not in header and index is not None:
+        drop.add(header[index])
+    inputs = sorted(drop & set(feature_names))
+    if inputs:
+        raise ValueError(f"--target {target} names the column {inputs[0]!r}, an input of the "
+                         f"model (inputs: {_names(feature_names)}; its training target was "
+                         f"{train_target!r})")
+    missing = [name for name in feature_names if name not in header]
+    if missing:
+        raise ValueError(f"{path} lacks the input column{_s(missing)} {_names(missing)} the "
+                         f"model was trained on (its columns: {_names(header)})")
+    extra = [name for name in header if name not in feature_names and name not in drop]
+    if extra:
+        hint = "" if target is not None else "; pass --target NAME to drop a target column"
+        raise ValueError(f"{path} has column{_s(extra)} {_names(extra)} the model was not "
+                         f"trained on (its inputs: {_names(feature_names)}){hint}")
+    return [header.index(name) for name in feature_names]
+
+
+def _columns_by_position(path: str | Path, table: Table, target: str | None,
+                         num_features: int | None, train_target_index: int | None) -> list[int]:
+    width = table.width
+    index = _index(target, width)
+    if target is not None and index is None and table.names is not None and target in table.names:
+        index = table.names.index(target)
+    if num_features is None:  # a model of an older format: drop --target, keep the rest
+        return [j for j in range(width) if j != index]
+    if width == num_features:  # the target is absent
+        return list(range(width))
+    if width == num_features + 1:
+        drop = index if target is not None else train_target_index
+        if drop is None:
+            raise ValueError(f"{path} has {width} columns, one more than the {num_features} "
+                             "input columns of the model, and nothing says which is the "
+                             "target; pass --target INDEX to drop it")
+        return [j for j in range(width) if j != drop % width]
+    raise ValueError(f"{path} has {width} column{_s(range(width))}; the model was trained on "
+                     f"{num_features} input columns (give those, in training order, or the "
+                     f"training file's {num_features + 1} columns with the target)")
+
+
+def _index(target: str | None, width: int) -> int | None:
+    """``target`` as a column index when it is an integer in range, else None."""
+    if target is None or not re.fullmatch(r"-?[0-9]+", target):
+        return None
+    index = int(target)
+    return index % width if -width <= index < width else None
+
+
+def _s(items: Any) -> str:
+    return "s" if len(items) > 1 else ""
+
+
+def _names(items: list[str], limit: int = 12) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+
+def predict_csv(model_path: str | Path, csv_path: str | Path,
+                target: str | None = None) -> PredictionTable:
+    """Predict at every row of ``csv_path`` with the model saved by ``gpscale fit``.
+
+    Regression returns ``mean`` and ``std`` of y (latent plus noise) in the units of the
+    training targets; classification returns ``label`` and one ``p_<class>`` column per class.
+    """
+    saved = load_with_data(model_path)
+    info = saved.info
+    transform = None if saved.transform is None else Standardizer.from_dict(saved.transform)
+    expected = info.get("num_features") or (transform.num_input_dims if transform is not None
+                                            else saved.model.num_dims)
+    x = torch.as_tensor(read_features(
+        csv_path, target, feature_names=info.get("feature_names"), num_features=expected,
+        train_target=info.get("target_name"), train_target_index=info.get("target_index")))
+    if transform is not None:
+        x = transform.transform_x(x)
+    check_x(x, num_dims=saved.model.num_dims)
+    dtype = (saved.data[0].dtype if saved.data is not None else
+             next(p.dtype for p in saved.model.parameters() if p.is_floating_point()))
+    with torch.no_grad():
+        state = None if saved.data is None else saved.model.condition(*saved.data)
+        pred = saved.model.predict(state, x.to(dtype))
+    if pred.probs is not None:
+        probs = pred.probs.double().numpy()
+        classes = saved.info.get("classes") or list(range(probs.shape[1]))
+        cols = {"label": np.asarray(classes, dtype=object)[probs.argmax(1)]}
+        cols.update({f"p_{c}": probs[:, j] for j, c in enumerate(classes)})
+        return PredictionTable(cols)
+    mean, var = pred.mean.double(), pred.observed_variance.double()
+    if transform is not None:
+        mean, var = transform.inverse_mean(mean), transform.inverse_variance(var)
+    return PredictionTable({"mean": mean.numpy(), "std": var.sqrt().numpy()})

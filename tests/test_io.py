@@ -1,0 +1,203 @@
+"""gpscale.io: model files and checkpoints carry a format version and a checksum; any damaged,
+foreign or mismatched file is a SavedFileError (a ValueError) naming the file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from gpscale.errors import SavedFileError
+from gpscale.io import (
+    LEGACY_FORMAT,
+    load,
+    load_with_data,
+    model_payload,
+    payload_digest,
+    read_file,
+    save,
+    write_file,
+)
+from gpscale.methods import build
+from gpscale.training import FitConfig, fit
+
+
+@pytest.fixture
+def fitted(toy_regression):
+    x, y = toy_regression
+    model = build("exact", 2, init=(x, y))
+    return model, (x, y)
+
+
+def _predict(model, data, x_test):
+    with torch.no_grad():
+        pred = model.predict(model.condition(*data), x_test)
+    return pred.mean, pred.variance
+
+
+def test_round_trip_is_bit_identical_and_records_version(fitted, tmp_path):
+    model, data = fitted
+    path = save(model, tmp_path / "m.pt", data=data, info={"feature_names": ["a", "b"]})
+    raw = torch.load(path, weights_only=False)
+    assert (raw["format"], raw["version"], raw["kind"]) == ("gpscale", 2, "method")
+    assert len(raw["sha256"]) == 64
+    saved = load_with_data(path)
+    assert saved.info["feature_names"] == ["a", "b"]
+    for a, b in zip(_predict(model, data, data[0]), _predict(saved.model, saved.data, data[0]),
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_files_of_the_first_format_still_load(fitted, tmp_path):
+    """A model.pt written before version 2 (format 'gpscale-1', no checksum) loads."""
+    model, data = fitted
+    path = tmp_path / "old.pt"
+    torch.save({"format": LEGACY_FORMAT, "kind": "method", "model": model_payload(model, data),
+                "transform": None, "info": {}}, path)
+    rebuilt = load(path)
+    torch.testing.assert_close(_predict(rebuilt, data, data[0])[0],
+                               _predict(model, data, data[0])[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("value", [
+    torch.arange(6, dtype=torch.float32).reshape(2, 3).t(),  # not contiguous
+    torch.tensor([True, False]), torch.tensor(3, dtype=torch.int64),
+    torch.ones(2, dtype=torch.bfloat16), torch.tensor([1 + 2j]), torch.empty(0, 4),
+    np.array(["ant", "cat"]), np.array([1, "x"], dtype=object), np.float32(2.5),
+    {"nested": [1, 2.5, float("nan"), None, "s", (True, b"raw")]},
+    torch.Generator().manual_seed(3).get_state(),
+], ids=lambda v: type(v).__name__)
+def test_digest_survives_save_and_load(value, tmp_path):
+    torch.save({"v": value}, tmp_path / "v.pt")
+    again = torch.load(tmp_path / "v.pt", weights_only=False)
+    assert payload_digest(again) == payload_digest({"v": value})
+
+
+def test_digest_sees_any_change():
+    base = {"w": torch.zeros(4), "lr": 0.1, "names": ["a", "b"]}
+    digest = payload_digest(base)
+    for changed in ({**base, "w": torch.tensor([0.0, 0.0, 1e-30, 0.0])}, {**base, "lr": 0.2},
+                    {**base, "names": ["a", "c"]}, {**base, "w": torch.zeros(2, 2)},
+                    {**base, "w": torch.zeros(4, dtype=torch.float32)},
+                    {**base, "names": ("a", "b")}):
+        assert payload_digest(changed) != digest
+
+
+def test_every_overwritten_block_is_detected_or_harmless(fitted, tmp_path):
+    """200 bytes overwritten anywhere: a SavedFileError, or (zip padding) the same payload."""
+    model, data = fitted
+    path = save(model, tmp_path / "m.pt", data=data)
+    raw = path.read_bytes()
+    want = payload_digest(read_file(path, ("method",)))
+    damaged = tmp_path / "d.pt"
+    for start in range(0, len(raw), 97):
+        block = bytearray(raw)
+        block[start:start + 200] = bytes((i * 7 + start) % 256 for i in range(200))[
+            :len(block[start:start + 200])]
+        damaged.write_bytes(bytes(block))
+        try:
+            payload = read_file(damaged, ("method",))
+        except SavedFileError as err:
+            assert str(err).startswith(str(damaged)) and "\n" not in str(err)
+            continue
+        assert payload_digest(payload) == want
+
+
+def test_every_truncation_is_detected(fitted, tmp_path):
+    model, data = fitted
+    raw = save(model, tmp_path / "m.pt", data=data).read_bytes()
+    cut = tmp_path / "cut.pt"
+    for size in [0, 1, 10, *range(64, len(raw), max(len(raw) // 40, 1))]:
+        cut.write_bytes(raw[:size])
+        with pytest.raises(SavedFileError, match="cut.pt: "):
+            load(cut)
+
+
+@pytest.mark.parametrize(("payload", "match"), [
+    ({"format": "gpscale", "version": 99, "kind": "method"}, "format version 99"),
+    ([1, 2, 3], "not a gpscale file"),
+    ({"format": "other"}, "not a gpscale file"),
+], ids=["newer-version", "list", "other-format"])
+def test_foreign_or_newer_files(payload, match, tmp_path):
+    path = tmp_path / "x.pt"
+    torch.save(payload, path)
+    with pytest.raises(SavedFileError, match=match):
+        load(path)
+
+
+def test_wrong_kind_and_unrebuildable_payload(fitted, tmp_path):
+    model, data = fitted
+    ckpt = write_file(tmp_path / "c.pt", "checkpoint", {"epoch": 1})
+    with pytest.raises(SavedFileError, match="holds a training checkpoint, not a saved model"):
+        load(ckpt)
+    payload = model_payload(model, data)
+    payload["state_dict"] = {k: v[..., :0] if v.dim() else v
+                             for k, v in payload["state_dict"].items()}
+    bad = write_file(tmp_path / "bad.pt", "method",
+                     {"model": payload, "transform": None, "info": {}})
+    with pytest.raises(SavedFileError, match="bad.pt: holds a model that cannot be rebuilt"):
+        load(bad)
+    with pytest.raises(FileNotFoundError):
+        load(tmp_path / "missing.pt")
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+class Line(nn.Module):
+    def __init__(self, width: int = 1):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(width))
+
+
+def _loss(model, x, y):
+    return ((x[:, :model.w.shape[0]] @ model.w - y) ** 2).mean()
+
+
+def _data(seed: int = 0, n: int = 30):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=g)
+    return x, x[:, 0] * 2 + 0.1 * torch.randn(n, generator=g)
+
+
+def _config(path, **kw):
+    return FitConfig(lr=0.1, epochs=3, progress=False, checkpoint=str(path), **kw)
+
+
+@pytest.mark.parametrize(("second", "match"), [
+    (dict(data=_data(seed=1)), "other training data of the same shape"),
+    (dict(data=_data(n=20)), r"training data of shape \(30, 2\)"),
+    (dict(model=Line(2)), r"w has shape \(1,\) there, \(2,\) here"),
+    (dict(optimizer="lbfgs"), "optimiser Adam; this run uses LBFGS"),
+], ids=["other-data", "other-shape", "other-parameters", "other-optimiser"])
+def test_fit_refuses_a_checkpoint_of_another_run(second, match, tmp_path):
+    ckpt = tmp_path / "c.pt"
+    fit(Line(), _loss, _data(), _config(ckpt))
+    before = ckpt.read_bytes()
+    config = _config(ckpt, optimizer=second.get("optimizer", "adam"))
+    with pytest.raises(SavedFileError, match=match):
+        fit(second.get("model", Line()), _loss, second.get("data", _data()), config)
+    assert ckpt.read_bytes() == before
+
+
+def test_fit_resumes_from_a_checkpoint_of_the_first_format(tmp_path):
+    """A checkpoint written before version 2 (a bare dict, no checksum) still resumes."""
+    ckpt = tmp_path / "c.pt"
+    fit(Line(), _loss, _data(), _config(ckpt))
+    state = torch.load(ckpt, weights_only=False)
+    legacy = {k: v for k, v in state.items() if k not in ("format", "version", "kind", "sha256",
+                                                         "run")}
+    torch.save(legacy, ckpt)
+    model = Line()
+    history = fit(model, _loss, _data(), _config(ckpt).updated(epochs=5))
+    assert history.column("epoch") == [1, 2, 3, 4, 5]
+
+
+def test_fit_reports_a_damaged_checkpoint(tmp_path):
+    ckpt = tmp_path / "c.pt"
+    fit(Line(), _loss, _data(), _config(ckpt))
+    raw = bytearray(ckpt.read_bytes())
+    raw[len(raw) // 2:len(raw) // 2 + 200] = bytes(200)
+    ckpt.write_bytes(bytes(raw))
+    with pytest.raises(SavedFileError, match="c.pt: "):
+        fit(Line(), _loss, _data(), _config(ckpt).updated(epochs=5))
