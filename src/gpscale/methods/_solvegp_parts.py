@@ -21,11 +21,12 @@ from gpscale.kernels import kernel_hyperparameters, kernel_matrix
 from gpscale.linalg import fused
 from gpscale.linalg.ops import safe_cholesky, upcast
 from gpscale.methods._common import kmeans_points
+from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.validation import check_num_points
 
 __all__ = [
-    "InducingFactors", "Projections", "SolveGPState", "VARIANCE_FLOOR",
-    "WhitenedQ",
+    "InducingFactors", "OBJECTIVES", "ORTHOGONAL_Q", "Projections", "SOLVEGP_OPTIONS",
+    "SolveGPState", "VARIANCE_FLOOR", "WhitenedQ",
     "batch_eye", "check_choice", "check_sizes", "cholesky_and_inverse", "collapsed_bound",
     "excess", "gauss_hermite", "gram",
     "initial_points", "kernel_matrix_fused", "kl_whitened", "mean_and_quadratic", "optimal_q_u",
@@ -436,3 +437,29 @@ def check_sizes(init, *, num_inducing: int, num_orthogonal: int, num_quadrature:
     if init is not None:
         check_num_points(init[0].shape[0], total, "inducing points (num_inducing + "
                          "num_orthogonal)")
+
+
+OBJECTIVES = ("elbo", "collapsed")
+ORTHOGONAL_Q = ("full", "mean")
+
+SOLVEGP_OPTIONS = (
+    Option("num_inducing", "int", None, "standard inducing points M; none: min(256, n/4)",
+           minimum=1),
+    Option("num_orthogonal", "int", None, "orthogonal inducing points M2; none: "
+           "min(256, n/4)", minimum=1),
+    Option("objective", "str", "elbo", "minibatch ELBO or the collapsed bound",
+           choices=OBJECTIVES),
+    Option("whiten", "bool", True, "whitened parametrisation of q(u)"),
+    Option("orthogonal_q", "str", "full", "covariance of the orthogonal q(v)",
+           choices=ORTHOGONAL_Q),
+    *INDUCING_OPTIONS[1:],
+    Option("jitter", "float", None, "jitter of the inducing Gram matrices; none: by dtype",
+           minimum=0),
+    Option("num_quadrature", "int", 20, "Gauss-Hermite points of non-Gaussian "
+           "likelihoods", minimum=1),
+    Option("num_likelihood_samples", "int", 32, "Monte Carlo samples of the softmax "
+           "likelihood", minimum=1),
+    *PRIOR_OPTIONS,
+    Option("num_data", "int", None, "number of training points N", minimum=1, hidden=True),
+)
+"""The options of ``solvegp`` (declared here to keep :mod:`gpscale.methods.solvegp` short)."""

@@ -98,6 +98,9 @@ from gpscale.methods._common import (
     resolve_num_classes,
 )
 from gpscale.methods._solvegp_parts import (
+    OBJECTIVES,
+    ORTHOGONAL_Q,
+    SOLVEGP_OPTIONS,
     VARIANCE_FLOOR,
     InducingFactors,
     Projections,
@@ -119,7 +122,6 @@ from gpscale.methods._solvegp_parts import (
     optimal_q_v,
 )
 from gpscale.methods.base import Method, predict_in_chunks
-from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
@@ -130,8 +132,6 @@ __all__ = [
 ]
 
 TASKS = ("regression", "classification")
-OBJECTIVES = ("elbo", "collapsed")
-ORTHOGONAL_Q = ("full", "mean")
 DEFAULT_JITTER = {torch.float32: 1e-4, torch.float64: 1e-6}
 
 
@@ -496,24 +496,5 @@ register(MethodSpec(
     factory=build_solvegp,
     tasks=TASKS,
     summary="SOLVE-GP: M standard + M2 orthogonal inducing points, minibatch ELBO (or collapsed)",
-    options=(
-        Option("num_inducing", "int", None, "standard inducing points M; none: min(256, n/4)",
-               minimum=1),
-        Option("num_orthogonal", "int", None, "orthogonal inducing points M2; none: "
-               "min(256, n/4)", minimum=1),
-        Option("objective", "str", "elbo", "minibatch ELBO or the collapsed bound",
-               choices=OBJECTIVES),
-        Option("whiten", "bool", True, "whitened parametrisation of q(u)"),
-        Option("orthogonal_q", "str", "full", "covariance of the orthogonal q(v)",
-               choices=ORTHOGONAL_Q),
-        *INDUCING_OPTIONS[1:],
-        Option("jitter", "float", None, "jitter of the inducing Gram matrices; none: by dtype",
-               minimum=0),
-        Option("num_quadrature", "int", 20, "Gauss-Hermite points of non-Gaussian "
-               "likelihoods", minimum=1),
-        Option("num_likelihood_samples", "int", 32, "Monte Carlo samples of the softmax "
-               "likelihood", minimum=1),
-        *PRIOR_OPTIONS,
-        Option("num_data", "int", None, "number of training points N", minimum=1, hidden=True),
-    ),
+    options=SOLVEGP_OPTIONS,
 ))
