@@ -73,8 +73,6 @@ def _assert_unchanged(before, model):
 
 def test_condition_does_not_change_the_module(fitted):
     model, x, y, x_test = fitted
-    if model.method_key in ("ski", "ggp"):
-        pytest.xfail("SKI/GGP memoise statistics on the module (being moved into the state)")
     before = _snapshot(model)
     with torch.no_grad():
         state = model.condition(x, y)

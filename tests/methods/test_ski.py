@@ -14,6 +14,7 @@ from gpscale.kernels import kernel_hyperparameters
 from gpscale.linalg.grid import grid_kernel, interpolate, make_grid
 from gpscale.methods.registry import build
 from gpscale.methods.ski import GGP, sufficient_statistics
+from gpscale.training import FitConfig, fit
 
 F64 = torch.float64
 PRIOR = dict(lengthscale=0.4, outputscale=1.3, noise=0.05, mean_constant=0.1)
@@ -95,19 +96,22 @@ def test_iterative_loss_and_gradient_match_dense_reference(solver):
     torch.testing.assert_close(grads[1], grads[0], rtol=0.15, atol=0.01)
 
 
-def test_condition_needs_only_the_statistics_and_caches_them():
-    """§10.13: GGP conditions on (WᵀW, Wᵀy, yᵀy, n) alone; condition() reuses them per data."""
+def test_condition_needs_only_the_statistics_and_training_computes_them_once(monkeypatch):
+    """§10.13: GGP conditions on (WᵀW, Wᵀy, yᵀy, n) alone; training computes them once (in
+    the loss function training_loss returns), condition() keeps nothing on the module."""
     x, y = _data()
     model = build("ggp", 2, init=(x, y), grid_size=[10, 9], rtol=1e-10, **PRIOR)
     stats = model.statistics((x, y))
     state = model.condition_stats(stats)  # no x or y involved
     ref = model.condition(x, y)
     torch.testing.assert_close(state.mean_weights, ref.mean_weights)
-    first = model._cache[1]
-    model.condition(x, y)
-    assert model._cache[1] is first
-    model.condition(x, y + 1.0)
-    assert model._cache[1] is not first
+    passes = []
+    real = model.statistics
+    monkeypatch.setattr(model, "statistics", lambda data: passes.append(1) or real(data))
+    fit(model, None, (x, y), FitConfig(lr=0.05, epochs=3, progress=False))
+    assert len(passes) == 1
+    loss = model.training_loss(x, y)
+    torch.testing.assert_close(loss(model, x, y), model.loss(model.condition(x, y)))
 
 
 @pytest.mark.parametrize("chunk_size", [1, 37, 500])

@@ -137,11 +137,6 @@ class GridState:
     data: Any
 
 
-def _data_key(x: Tensor, y: Tensor) -> tuple:
-    return tuple((t.data_ptr(), t.shape, t.stride(), t._version, t.dtype, str(t.device))
-                 for t in (x, y))
-
-
 def _surrogate(value: Tensor, s: Tensor) -> Tensor:
     """``value`` with the gradient of ``s`` (``s`` linear in the hyperparameters)."""
     return value.detach() + s - s.detach()
@@ -233,7 +228,6 @@ class GGP(Method):
         super().__init__(task="regression", options=options)
         self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
         self.num_dims = num_dims
-        self._cache: tuple | None = None  # (data key, statistics): not state, a memo
 
     @property
     def grid(self) -> Grid:
@@ -252,13 +246,25 @@ class GGP(Method):
         return stats
 
     def condition(self, x: Tensor, y: Tensor) -> GridState:
-        """Statistics of (x, y) (cached per data) then :meth:`condition_stats`."""
+        """Statistics of (x, y) (one O(n) pass) then :meth:`condition_stats`; nothing is kept
+        on the module (training computes the statistics once: :meth:`training_loss`)."""
         check_x(x, num_dims=self.num_dims)
         check_xy(x, y)
-        key = _data_key(x, y)
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, self.statistics((x, y)))
-        return self.condition_stats(self._cache[1])
+        return self.condition_stats(self.statistics((x, y)))
+
+    def training_loss(self, x: Tensor, y: Tensor):
+        """The loss ``training.fit`` minimises on the full data (x, y): the statistics are
+        computed here once and held by the returned function, so every step costs O(m log m)
+        whatever n."""
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y)
+        stats = self.statistics((x, y))
+
+        def loss(model: GGP, xb: Tensor, yb: Tensor) -> Tensor:
+            if xb is not x:  # a minibatch: its own statistics (GGP trains full batch)
+                return model.loss(model.condition(xb, yb))
+            return model.loss(model.condition_stats(stats))
+        return loss
 
     def condition_stats(self, stats: SufficientStatistics) -> GridState:
         """Solve and assemble the likelihood terms from the statistics alone; differentiable."""
@@ -392,19 +398,29 @@ class SKI(Method):
         super().__init__(task="regression", options=options)
         self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
         self.num_dims = num_dims
-        self._cache: tuple | None = None  # (data key, (rows, probes, Wᵀprobes)): a memo
 
     grid = GGP.grid
     noise = GGP.noise
 
-    def _rows(self, x: Tensor, y: Tensor):
-        key = _data_key(x, y)
-        if self._cache is None or self._cache[0] != key:
-            rows = interpolate(self.grid, x)
-            gen = torch.Generator().manual_seed(self.options["seed"])
-            Z = rademacher(x.shape[0], self.options["num_probes"], dtype=_F64, generator=gen)
-            self._cache = (key, (rows, Z, rows.rmatmul(Z)))
-        return self._cache[1]
+    def _rows(self, x: Tensor):
+        """W's rows for x, the seeded probes Z and WᵀZ (what every step on x reuses)."""
+        rows = interpolate(self.grid, x)
+        gen = torch.Generator().manual_seed(self.options["seed"])
+        Z = rademacher(x.shape[0], self.options["num_probes"], dtype=_F64, generator=gen)
+        return rows, Z, rows.rmatmul(Z)
+
+    def training_loss(self, x: Tensor, y: Tensor):
+        """The loss ``training.fit`` minimises: W's rows and the probes of (x, y) are built
+        here once and held by the returned function (nothing is kept on the module)."""
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y)
+        prepared = self._rows(x)
+
+        def loss(model: SKI, xb: Tensor, yb: Tensor) -> Tensor:
+            if xb is not x:
+                return model.loss(model.condition(xb, yb))
+            return model.loss(model._condition(x, y, prepared))
+        return loss
 
     def _operator(self, GK: GridKernel, rows: Interpolation):
         s2 = float(self.noise.detach())
@@ -414,7 +430,10 @@ class SKI(Method):
         """n-dimensional CG on [r, z_1..z_p] (mBCG), then the same likelihood terms as GGP."""
         check_x(x, num_dims=self.num_dims)
         check_xy(x, y)
-        rows, Z, h_probes = self._rows(x, y)
+        return self._condition(x, y, self._rows(x))
+
+    def _condition(self, x: Tensor, y: Tensor, prepared) -> GridState:
+        rows, Z, h_probes = prepared
         GK = _kernel_on_grid(self.kernel, self.grid)
         noise, mu = self.noise, self.mean.constant.reshape(())
         r = y.detach().to(_F64) - mu.detach().to(_F64)
