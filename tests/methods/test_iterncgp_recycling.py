@@ -100,13 +100,12 @@ def test_condition_costs_one_kernel_product_per_iteration(generator, monkeypatch
     assert counter.calls == sum(step.iterations for step in state.trace) > 0
 
 
-def test_step_callback_sees_every_newton_step(generator):
+def test_on_step_sees_every_newton_step(generator):
     """The hook gets one state per Newton step; the last one is the returned posterior."""
     lik, x, y, x_test = make_problem("bernoulli", generator)
     model = small_model(lik, x, stopping=Stopping(max_iterations=3))
     seen = []
-    model.step_callback = seen.append
-    state = model.condition(x, y)
+    state = model.condition(x, y, on_step=seen.append)
     assert [len(s.trace) for s in seen] == list(range(1, len(state.trace) + 1))
     assert not any(s.converged for s in seen)
     torch.testing.assert_close(seen[-1].f, state.f, **EXACT)

@@ -102,11 +102,10 @@ def _iterncgp_curve(data, options: dict[str, Any], budget: float | None,
         if budget is not None and train_time > budget:
             raise _OutOfTime(state)
 
-    model.step_callback = on_step
     stopped = "converged"
     try:
         with torch.no_grad():
-            state = model.condition(x, y)
+            state = model.condition(x, y, on_step=on_step)
         stopped = "converged" if state.converged else "max_newton_steps"
     except _OutOfTime as out:
         state, stopped = out.state, "time"

@@ -225,17 +225,17 @@ class IterNCGP(Method):
         self.predictive = predictive or PredictiveOptions()
         self.prior_mean = float(prior_mean)
         self.line_search = bool(line_search)
-        # Called with the state after each Newton step (e.g. a benchmark's test metrics against
-        # time); a runtime hook, not an option, so it is neither saved nor rebuilt.
-        self.step_callback: Callable[[IterNCGPState], None] | None = None
 
     # -- conditioning: Algorithm 1 -----------------------------------------------------------
-    def condition(self, x: Tensor, y: Tensor) -> IterNCGPState:
+    def condition(self, x: Tensor, y: Tensor, *,
+                  on_step: Callable[[IterNCGPState], None] | None = None) -> IterNCGPState:
         """Alg. 1: Newton steps as GP regressions solved by IterGP; never mutates the module.
 
         Args:
             x: (n, d) training inputs.
             y: (n,) labels 0..C−1 (classification) or counts (Poisson) or targets (Gaussian).
+            on_step: called with the state after each Newton step (e.g. a benchmark's test
+                metrics against time).
 
         Returns:
             The state: final iterate f (L, n), representer weights v (L, n), precision root Q
@@ -271,8 +271,8 @@ class IterNCGP(Method):
                                     float(belief.residual.norm()), change, belief.rank, step,
                                     float(self._log_joint(y, m, f_next, v))))
             f = f_next
-            if self.step_callback is not None:
-                self.step_callback(IterNCGPState(x, y, f, v, belief.Q, belief.S, belief.T,
+            if on_step is not None:
+                on_step(IterNCGPState(x, y, f, v, belief.Q, belief.S, belief.T,
                                                  tuple(trace), False))
             if not bool(torch.isfinite(f).all()):
                 raise NumericalError(
