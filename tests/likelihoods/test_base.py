@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.likelihoods._cases import NAMES, case
-from tests.methods._iterncgp_dense import dense_W, dense_W_inv
+
+from gpscale.testing import dense_W, dense_W_inv
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from tests.methods._iterncgp_dense import dense_W, dense_W_inv
 
 from gpscale.likelihoods import Softmax
+from gpscale.testing import dense_W, dense_W_inv
 
 C, N = 4, 5
 

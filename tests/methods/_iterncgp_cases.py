@@ -11,8 +11,7 @@ from gpscale.methods.iterncgp import (
     IterNCGP,
     Stopping,
 )
-
-from ._iterncgp_dense import (
+from gpscale.testing import (
     block_kernel,
 )
 

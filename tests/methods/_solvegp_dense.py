@@ -8,6 +8,7 @@ import torch
 
 from gpscale.kernels import kernel_matrix
 from gpscale.methods.solvegp import build_solvegp
+from gpscale.testing import gaussian_logpdf
 
 N, D = 48, 2
 HYPER = {"lengthscale": 0.6, "outputscale": 1.3, "noise": 0.05, "mean_constant": 0.2}
@@ -40,10 +41,6 @@ def randomise_q(model, seed: int = 1):
                 L.diagonal(dim1=-2, dim2=-1).copy_(L.diagonal(dim1=-2, dim2=-1).abs() + 0.5)
                 p.copy_(L)
     return model
-
-
-def gaussian_logpdf(y, mean, cov):
-    return torch.distributions.MultivariateNormal(mean, cov).log_prob(y)
 
 
 class Dense:

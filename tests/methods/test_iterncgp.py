@@ -21,6 +21,14 @@ from gpscale.methods.iterncgp import (
     Stopping,
     UnitVectorPolicy,
 )
+from gpscale.testing import (
+    dense_itergp_cg,
+    dense_W_inv,
+    gp_regression,
+    laplace_mode,
+    newton_step,
+    projected_precision,
+)
 
 from ._iterncgp_cases import (
     RandomPolicy,
@@ -30,14 +38,6 @@ from ._iterncgp_cases import (
     make_problem,
     problem_kernel,
     small_model,
-)
-from ._iterncgp_dense import (
-    dense_itergp_cg,
-    dense_W_inv,
-    gp_regression,
-    laplace_mode,
-    newton_step,
-    projected_precision,
 )
 
 

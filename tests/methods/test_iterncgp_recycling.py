@@ -28,6 +28,13 @@ from gpscale.methods.iterncgp import (
     Stopping,
     UnitVectorPolicy,
 )
+from gpscale.testing import (
+    block_kernel,
+    dense_W_inv,
+    gp_regression,
+    laplace_mode,
+    projected_precision,
+)
 from gpscale.training import FitConfig
 from gpscale.training.harness import build_method
 
@@ -41,13 +48,6 @@ from ._iterncgp_cases import (
     make_problem,
     problem_kernel,
     small_model,
-)
-from ._iterncgp_dense import (
-    block_kernel,
-    dense_W_inv,
-    gp_regression,
-    laplace_mode,
-    projected_precision,
 )
 
 
