@@ -42,3 +42,8 @@ class SavedFileError(ValueError):
     def __init__(self, path, problem: str):
         super().__init__(f"{path}: {problem}")
         self.path = str(path)
+
+
+class ConvergenceWarning(RuntimeWarning):
+    """An iterative solve stopped short of its tolerance; the message names the residual it
+    reached and what was done about it (a tighter re-solve, or nothing left to try)."""
