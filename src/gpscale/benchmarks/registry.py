@@ -43,6 +43,9 @@ SUITES: dict[str, Suite] = {
         Suite("solvegp", "gpscale.benchmarks.solvegp",
               "SOLVE-GP 256+256 vs SVGP 256/384/512 on Elevators, Bike, Kin40k, Protein, KEGGu; "
               "MNIST softmax (paper 004)"),
+        Suite("defaults", "gpscale.benchmarks.defaults",
+              "every method with no options (what gpscale fit gives a new user) on Parkinsons, "
+              "Elevators, Bike, Protein, Kin40k; classification keys on gmm10 and MNIST"),
         Suite("softki", "gpscale.benchmarks.softki",
               "SoftKI-512 vs SGPR-512, SVGP-1024/512 on Kin40k, Protein, Bike, Elevators, "
               "KEGGu (paper 003 Tables 1-2)"),
