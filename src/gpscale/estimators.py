@@ -1,6 +1,7 @@
 """scikit-learn estimators: ``GPRegressor`` and ``GPClassifier``.
 
-Each wraps one method of the registry, ``training.fit`` and the method's predictive::
+Each wraps one method of the registry (``method="auto"``, the default, picks one from the
+data), ``training.fit`` and the method's predictive::
 
     reg = GPRegressor(method="svgp", epochs=20, num_inducing=256).fit(X, y)
     mean, std = reg.predict(X_test, return_std=True)
@@ -17,6 +18,7 @@ listing the valid options. Training options default to the method's own
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from gpscale.data.transforms import Standardizer
 from gpscale.distributions import Predictive
 from gpscale.io import model_from_payload, model_payload, register_loader
+from gpscale.methods.auto import AUTO, choose_method
 from gpscale.methods.registry import METHODS, get_spec
 from gpscale.training import History, resolve_fit_config
 from gpscale.training.harness import cast, train_method
@@ -42,7 +45,7 @@ class _GPEstimator(BaseEstimator):
 
     _task = "regression"
 
-    def __init__(self, method: str = "svgp", *, epochs: int | None = None,
+    def __init__(self, method: str = "auto", *, epochs: int | None = None,
                  lr: float | None = None, batch_size: int | None = None,
                  optimizer: str | None = None, max_time: float | None = None,
                  scheduler: str | None = None, dtype: str | None = None,
@@ -68,7 +71,7 @@ class _GPEstimator(BaseEstimator):
         A ``method`` that is not a registered key is left for ``fit`` to report (scikit-learn
         expects ``__init__`` and ``set_params`` to accept any value of a declared parameter).
         """
-        if not (isinstance(self.method, str) and self.method in _registered()):
+        if not (isinstance(self.method, str) and self.method in _registered()):  # incl. auto
             return dict(self._options)
         return get_spec(self.method).resolve(self._options, fill_defaults=False)
 
@@ -92,16 +95,17 @@ class _GPEstimator(BaseEstimator):
         if x.shape[0] < 2:
             raise ValueError(f"{type(self).__name__} needs at least 2 samples; got "
                              f"n_samples={x.shape[0]}")
-        get_spec(self.method)  # an unknown method: ValueError listing the valid ones
-        options = self._check_options()
+        self.method_ = self._choose_method(x, num_classes)
+        # an unknown method: ValueError listing the valid ones; options typed and checked
+        options = get_spec(self.method_).resolve(self._options, fill_defaults=False)
         config = resolve_fit_config(
-            self.method, x.shape[0], dtype=self.dtype,
+            self.method_, x.shape[0], dtype=self.dtype,
             seed=int(self.random_state), progress=bool(self.progress),
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
         self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression")
                            if self.standardize else None)
         train = cast(self._transform_xy(x, y), config, self._task)
-        trained = train_method(self.method, train, task=self._task, num_classes=num_classes,
+        trained = train_method(self.method_, train, task=self._task, num_classes=num_classes,
                                options=options, config=config, seed=int(self.random_state))
         self.model_ = trained.model
         self.history_: History = trained.history
@@ -109,6 +113,17 @@ class _GPEstimator(BaseEstimator):
         self._train = train
         self._state = trained.state
         self.n_features_in_ = x.shape[1]
+
+    def _choose_method(self, x: torch.Tensor, num_classes: int | None) -> str:
+        """The method key to fit: ``method``, or for ``"auto"`` the one :func:`choose_method`
+        picks for this data (its reason logged on ``gpscale.fit``)."""
+        if self.method != AUTO:
+            self.method_reason_ = "given"
+            return self.method
+        choice = choose_method(self._task, x.shape[0], x.shape[1], num_classes=num_classes)
+        logging.getLogger("gpscale.fit").info("method auto: %s", choice.reason)
+        self.method_reason_ = choice.reason
+        return choice.method
 
     def _transform_xy(self, x, y):
         if self.transform_ is None:
@@ -144,7 +159,11 @@ class _GPEstimator(BaseEstimator):
 
 
 class GPRegressor(RegressorMixin, _GPEstimator):
-    """Gaussian-process regression with any gpscale method (default ``svgp``).
+    """Gaussian-process regression with any gpscale method.
+
+    ``method="auto"`` (the default) picks one from n, d and memory at ``fit`` and logs why;
+    ``method_`` holds the key that was fitted and ``method_reason_`` why (README: which method
+    when).
 
     ``predict(X, return_std=True)`` returns the predictive mean of y and its standard deviation
     (latent variance plus observation noise), in the units of the training targets.
@@ -174,7 +193,9 @@ class GPRegressor(RegressorMixin, _GPEstimator):
 class GPClassifier(ClassifierMixin, _GPEstimator):
     """Gaussian-process classification (binary or multi-class) with any gpscale method.
 
-    Labels may be any sortable values; ``classes_`` holds them in order.
+    Labels may be any sortable values; ``classes_`` holds them in order. ``method="auto"``
+    (the default) picks ``iterncgp`` up to n·C = 200,000 latent values and ``svgp`` beyond;
+    ``method_`` holds the key that was fitted.
     """
 
     _task = "classification"
@@ -195,7 +216,7 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     def predict_proba(self, X) -> np.ndarray:
         probs = self._predictive(X).probs
         if probs is None:
-            raise ValueError(f"method {self.method!r} returned no class probabilities")
+            raise ValueError(f"method {self.method_!r} returned no class probabilities")
         return probs.double().cpu().numpy()
 
     def predict(self, X) -> np.ndarray:
@@ -223,6 +244,7 @@ def estimator_from_payload(payload: dict[str, Any]) -> _GPEstimator:
     """Rebuild a fitted estimator from what ``gpscale.save`` wrote."""
     est = _ESTIMATORS[payload["estimator"]](**payload["params"])
     est.model_ = model_from_payload(payload["model"])
+    est.method_ = payload["model"]["key"]
     est._train = payload["model"]["data"]
     est._state = _condition(est.model_, est._train)
     est.transform_ = (None if payload["transform"] is None

@@ -16,7 +16,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpscale.benchmarks.runner import RunSpec, fit_config, load_data, write_outputs, write_partial
+from gpscale.benchmarks.runner import (
+    RunSpec,
+    fit_config,
+    load_data,
+    resolve_auto,
+    write_outputs,
+    write_partial,
+)
 from gpscale.distributed.env import DEFAULT_TIMEOUT, current, init_from_env
 from gpscale.distributed.reduce import (
     all_gather_rows,
@@ -77,6 +84,7 @@ def run_rank(spec: RunSpec, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     """
     env = current() if current().active else init_from_env(timeout=timeout)
     data = load_data(spec)
+    spec = resolve_auto(spec, data)
     config, dtype = fit_config(spec, data.num_train)
     n = data.num_train
     x_full, y_full = cast((data.x_train, data.y_train), config, data.task)

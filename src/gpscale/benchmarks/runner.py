@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from gpscale.data import Dataset, load_csv, load_dataset
 from gpscale.distributions import Predictive
 from gpscale.errors import NonFiniteLossError
 from gpscale.io import save
+from gpscale.methods.auto import AUTO, choose_method
 from gpscale.methods.base import Method
 from gpscale.methods.registry import get_spec
 from gpscale.metrics import json_safe
@@ -31,7 +32,7 @@ from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
 from gpscale.training.harness import cast, train_method
 
 __all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_test",
-           "write_outputs", "write_partial", "feature_names"]
+           "write_outputs", "write_partial", "feature_names", "resolve_auto"]
 
 log = logging.getLogger("gpscale.benchmarks")
 
@@ -89,9 +90,11 @@ class RunSpec:
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be ≥ 0; got {self.eval_every}")
         # Unknown method: ValueError listing valid ones; options checked against the
-        # method's declaration and typed ("32" from the command line becomes 32).
-        typed = get_spec(self.method).resolve(self.options, fill_defaults=False)
-        object.__setattr__(self, "options", typed)
+        # method's declaration and typed ("32" from the command line becomes 32). "auto"
+        # is resolved once the data are loaded (resolve_auto), its options checked then.
+        if self.method != AUTO:
+            typed = get_spec(self.method).resolve(self.options, fill_defaults=False)
+            object.__setattr__(self, "options", typed)
 
 
 @dataclass
@@ -109,6 +112,17 @@ def load_data(spec: RunSpec) -> Dataset:
         target: str | int = int(spec.target) if str(spec.target).isdigit() else spec.target
         return load_csv(spec.csv, target, task=spec.task, seed=spec.split)
     return load_dataset(spec.dataset, split=spec.split, seed=spec.seed, **spec.dataset_options)
+
+
+def resolve_auto(spec: RunSpec, data: Dataset) -> RunSpec:
+    """``spec`` with ``method="auto"`` replaced by the key :func:`choose_method` picks for
+    ``data`` (its reason logged on ``gpscale.fit``); any other spec unchanged."""
+    if spec.method != AUTO:
+        return spec
+    choice = choose_method(data.task, data.num_train, data.num_dims,
+                           num_classes=data.num_classes)
+    logging.getLogger("gpscale.fit").info("method auto: %s", choice.reason)
+    return replace(spec, method=choice.method)
 
 
 def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
@@ -148,6 +162,7 @@ def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,
 def run(spec: RunSpec) -> RunResult:
     """Train and evaluate ``spec.method`` on the spec's data; see the module docstring."""
     data = load_data(spec)
+    spec = resolve_auto(spec, data)
     config, dtype = fit_config(spec, data.num_train)
     logging.getLogger("gpscale.fit").info(plan_text(spec.method, config))
     x, y = cast((data.x_train, data.y_train), config, data.task)

@@ -48,9 +48,10 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target column of --data: a header name or an index")
     p.add_argument("--task", default="regression",
                    choices=["regression", "classification", "counts"], help="task of --data")
-    p.add_argument("--method", required=True,
+    p.add_argument("--method", default="auto",
                    help="method key (`gpscale methods` lists them, `gpscale methods KEY` its "
-                   "options and training defaults)")
+                   "options and training defaults); default auto: chosen from the task, n, d "
+                   "and memory, with the reason printed (README: which method when)")
     method_default = "default: the method's (see `gpscale methods KEY`)"
     p.add_argument("--epochs", type=int, help=f"most training epochs; {method_default}")
     p.add_argument("--lr", type=float, help=f"initial learning rate; {method_default}")
@@ -249,6 +250,13 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     from gpscale.methods.registry import METHODS, get_spec
     from gpscale.training import default_fit_config
 
+    if args.key == "auto":
+        from gpscale.methods.auto import RULES
+
+        print("auto: picks a method from the task, n, d and memory (first matching row):")
+        for task, condition, key in RULES:
+            print(f"  {task:15s} {condition:42s} -> {key}")
+        return 0
     if args.key:
         spec = get_spec(args.key)
         config = default_fit_config(args.key)
@@ -262,6 +270,8 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         return 0
     for key, spec in sorted(METHODS.items()):
         print(f"{key:10s} {spec.status:12s} {','.join(spec.tasks):28s} {spec.summary}")
+    print(f"{'auto':10s} {'ready':12s} {'regression,classification,counts':28s} chooses one "
+          "of the above from the task, n, d and memory (`gpscale methods auto`)")
     return 0
 
 

@@ -1,0 +1,123 @@
+"""``method="auto"``: pick a method key from the task, the data's size and the machine's memory.
+
+The rules are the README's "which method when" table, and each comes from a measurement in
+BENCHMARKS.md (all with each method's defaults, on a 2-core CPU):
+
+=====================  ===============================  ==========================================
+task                   data                             method and why
+=====================  ===============================  ==========================================
+regression             n ≤ 2,000 (n×n fits in memory)   ``exact``: the reference, seconds at this n
+regression             d ≤ 3                            ``ggp``: grid interpolation, each solver
+                                                        iteration O(m log m) whatever n is; equal
+                                                        to the exact GP's RMSE on 2-D fields
+regression             n ≤ 10,000                       ``cagp-opt``: best test NLL of every key
+                                                        at this size (Parkinsons −3.22 vs SVGP
+                                                        −2.86; 32 inputs 0.394 vs 0.434); an epoch
+                                                        costs O(n²) so converges in the budget
+regression             larger n                         ``softki``: O(m²) per minibatch point;
+                                                        test RMSE ahead of SVGP-512 on all five
+                                                        UCI sets, half its epoch time
+classification         n·C ≤ 200,000                    ``iterncgp``: computation-aware Laplace,
+                                                        MNIST 8k in < 2 min, accuracy 0.926
+classification         larger                           ``svgp``: minibatch, O(M³) per step
+counts                 any n                            ``iterncgp`` (Poisson): the only key
+=====================  ===============================  ==========================================
+
+:func:`choose_method` returns the key and a one-line reason that ``gpscale fit`` and the
+estimators print (logger ``gpscale.fit``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+__all__ = ["AUTO", "RULES", "Choice", "choose_method", "available_memory", "EXACT_MAX_N",
+           "GRID_MAX_DIMS", "CAGP_MAX_N", "ITERNCGP_MAX_NC"]
+
+log = logging.getLogger("gpscale.fit")
+
+AUTO = "auto"
+EXACT_MAX_N = 2_000
+"""Largest n for the exact GP (its Cholesky is O(n³) every epoch)."""
+GRID_MAX_DIMS = 3
+"""Largest input dimension for grid interpolation (m grows as grid_size^d)."""
+CAGP_MAX_N = 10_000
+"""Largest n for CaGP-Opt (an epoch is O(n²·i): at 41k points 14 s here)."""
+ITERNCGP_MAX_NC = 200_000
+"""Largest n·C (latent function values) for IterNCGP; SVGP beyond."""
+EXACT_MEMORY_COPIES = 4
+"""Dense n×n float64 arrays the exact GP holds at once (K, its factor, gradients)."""
+
+RULES: tuple[tuple[str, str, str], ...] = (
+    ("regression", f"n ≤ {EXACT_MAX_N:,} and n×n fits in memory", "exact"),
+    ("regression", f"d ≤ {GRID_MAX_DIMS}", "ggp"),
+    ("regression", f"d > {GRID_MAX_DIMS}, n ≤ {CAGP_MAX_N:,}", "cagp-opt"),
+    ("regression", f"d > {GRID_MAX_DIMS}, n > {CAGP_MAX_N:,}", "softki"),
+    ("classification", f"n·C ≤ {ITERNCGP_MAX_NC:,} (C = 1 when binary)", "iterncgp"),
+    ("classification", f"n·C > {ITERNCGP_MAX_NC:,}", "svgp"),
+    ("counts", "any", "iterncgp"),
+)
+"""(task, condition, method), first match wins: what ``gpscale methods auto`` prints."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A method key and why it was chosen (one line)."""
+
+    method: str
+    reason: str
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux ``sysconf``), or ``None`` where unknown."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
+                  memory: int | None = None) -> Choice:
+    """The method ``"auto"`` stands for on ``n`` points with ``d`` inputs (module table).
+
+    Args:
+        task: ``"regression"``, ``"classification"`` or ``"counts"``.
+        n, d: training points and input dimensions.
+        num_classes: classes of a classification task (2 when not given).
+        memory: bytes available; ``None`` reads the machine's (:func:`available_memory`).
+    """
+    if n < 1 or d < 1:
+        raise ValueError(f"method 'auto' needs data: got n={n}, d={d}")
+    if task == "counts":
+        return Choice("iterncgp", "counts: iterncgp (Poisson likelihood, computation-aware "
+                                  "Laplace) is the method for count data")
+    if task == "classification":
+        c = max(int(num_classes or 2), 2)
+        latent = n * (c if c > 2 else 1)
+        size = f"classification, n = {n:,}, {c} classes: n·C = {latent:,}"
+        if latent <= ITERNCGP_MAX_NC:
+            return Choice("iterncgp", f"{size} ≤ {ITERNCGP_MAX_NC:,}: iterncgp "
+                                      "(computation-aware Laplace)")
+        return Choice("svgp", f"{size} > {ITERNCGP_MAX_NC:,}: svgp (minibatch variational "
+                              "inference)")
+    if task != "regression":
+        raise ValueError(f"unknown task {task!r}; expected regression, classification or counts")
+    memory = available_memory() if memory is None else memory
+    dense_bytes = EXACT_MEMORY_COPIES * 8 * n * n
+    fits = memory is None or dense_bytes <= memory // 2
+    if n <= EXACT_MAX_N and fits:
+        return Choice("exact", f"n = {n:,} ≤ {EXACT_MAX_N:,}: the exact GP is affordable")
+    if n <= EXACT_MAX_N:
+        why = f"n = {n:,} but {dense_bytes / 2**30:.1f} GiB of dense matrices do not fit; "
+    else:
+        why = f"n = {n:,} > {EXACT_MAX_N:,} (exact is O(n³)); "
+    if d <= GRID_MAX_DIMS:
+        return Choice("ggp", why + f"d = {d} ≤ {GRID_MAX_DIMS}: ggp (grid interpolation, "
+                                   "solver cost independent of n)")
+    if n <= CAGP_MAX_N:
+        return Choice("cagp-opt", why + f"d = {d} > {GRID_MAX_DIMS} and n ≤ {CAGP_MAX_N:,}: "
+                                        "cagp-opt (best test NLL at this size)")
+    return Choice("softki", why + f"d = {d} > {GRID_MAX_DIMS} and n > {CAGP_MAX_N:,}: softki "
+                                  "(minibatch, learned interpolation points)")

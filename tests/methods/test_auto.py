@@ -1,0 +1,144 @@
+"""``method="auto"``: the rules, their reasons, and the CLI / estimator paths that use them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpscale import GPClassifier, GPRegressor
+from gpscale.cli.__main__ import main
+from gpscale.methods import METHODS
+from gpscale.methods.auto import (
+    CAGP_MAX_N,
+    EXACT_MAX_N,
+    ITERNCGP_MAX_NC,
+    RULES,
+    choose_method,
+)
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("task, n, d, classes, expected", [
+    ("regression", 500, 8, None, "exact"),
+    ("regression", EXACT_MAX_N, 30, None, "exact"),
+    ("regression", EXACT_MAX_N + 1, 2, None, "ggp"),
+    ("regression", 10**8, 3, None, "ggp"),
+    ("regression", EXACT_MAX_N + 1, 4, None, "cagp-opt"),
+    ("regression", CAGP_MAX_N, 32, None, "cagp-opt"),
+    ("regression", CAGP_MAX_N + 1, 4, None, "softki"),
+    ("regression", 2 * 10**6, 8, None, "softki"),
+    ("classification", 8000, 784, 10, "iterncgp"),
+    ("classification", ITERNCGP_MAX_NC, 5, 2, "iterncgp"),   # binary: one latent function
+    ("classification", ITERNCGP_MAX_NC // 10 + 1, 5, 10, "svgp"),
+    ("counts", 10**6, 1, None, "iterncgp"),
+])
+def test_rules_pick_the_documented_key(task, n, d, classes, expected):
+    choice = choose_method(task, n, d, num_classes=classes, memory=64 * GIB)
+    assert choice.method == expected
+    assert choice.method in METHODS and task in METHODS[choice.method].tasks
+    assert f"{n:,}" in choice.reason or task == "counts"  # the reason names the size
+
+
+def test_exact_is_skipped_when_its_dense_matrices_do_not_fit():
+    n = 1500  # 4 dense n×n float64 arrays: 72 MB
+    assert choose_method("regression", n, 2, memory=1 * GIB).method == "exact"
+    low = choose_method("regression", n, 2, memory=100 * 2**20)
+    assert low.method == "ggp" and "do not fit" in low.reason
+    assert choose_method("regression", n, 6, memory=100 * 2**20).method == "cagp-opt"
+
+
+def test_every_rule_row_is_reachable_and_names_a_key_for_its_task():
+    """RULES (what `gpscale methods auto` prints) and choose_method agree row by row."""
+    examples = {
+        "exact": ("regression", 100, 5, None), "ggp": ("regression", 50_000, 2, None),
+        "cagp-opt": ("regression", 5000, 9, None), "softki": ("regression", 50_000, 9, None),
+        "iterncgp": ("classification", 1000, 3, 3), "svgp": ("classification", 10**6, 3, 3),
+    }
+    for task, _condition, key in RULES:
+        assert task in METHODS[key].tasks
+        ex_task, n, d, c = examples[key] if task != "counts" else ("counts", 10, 1, None)
+        assert choose_method(ex_task, n, d, num_classes=c, memory=64 * GIB).method == key
+
+
+def test_readme_table_lists_every_auto_choice():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## Which method when", 1)[1].split("\n## ", 1)[0]
+    for _task, _condition, key in RULES:
+        assert f"`{key}`" in section
+
+
+@pytest.mark.parametrize("task, n, d", [("regression", 0, 3), ("regression", 10, 0),
+                                         ("ranking", 10, 3)])
+def test_bad_requests_are_value_errors(task, n, d):
+    with pytest.raises(ValueError, match="auto|task"):
+        choose_method(task, n, d)
+
+
+def test_regressor_defaults_to_auto_and_says_why(caplog):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(60, 2))
+    y = np.sin(4 * X[:, 0]) + 0.05 * rng.normal(size=60)
+    with caplog.at_level(logging.INFO, logger="gpscale.fit"):
+        reg = GPRegressor(epochs=3).fit(X, y)
+    assert reg.method == "auto" and reg.method_ == "exact"
+    assert "n = 60" in reg.method_reason_
+    assert any("method auto: n = 60" in r.getMessage() for r in caplog.records)
+    # the fitted key is what was trained; options are checked against it at fit
+    assert reg.model_.method_key == "exact"
+    assert np.sqrt(np.mean((reg.predict(X) - y) ** 2)) < 0.2
+    with pytest.raises(ValueError, match="num_inducing"):
+        GPRegressor(epochs=1, num_inducing=8).fit(X, y)  # exact has no inducing points
+
+
+def test_saved_auto_estimator_remembers_the_fitted_key(tmp_path):
+    import gpscale
+
+    rng = np.random.default_rng(1)
+    X = rng.uniform(size=(40, 3))
+    y = X.sum(1)
+    reg = GPRegressor(epochs=2).fit(X, y)
+    gpscale.save(reg, tmp_path / "m.pt")
+    back = gpscale.load(tmp_path / "m.pt")
+    assert back.method == "auto" and back.method_ == "exact"
+    np.testing.assert_allclose(back.predict(X), reg.predict(X))
+
+
+def test_classifier_auto_picks_iterncgp():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(80, 2))
+    y = (X[:, 0] + 0.3 * rng.normal(size=80) > 0).astype(int)
+    clf = GPClassifier(epochs=2).fit(X, y)
+    assert clf.method_ == "iterncgp"
+    assert (clf.predict(X) == y).mean() > 0.8
+
+
+def test_cli_fit_without_method_chooses_and_prints_the_reason(tmp_path, capsys, caplog):
+    rng = np.random.default_rng(3)
+    x = rng.uniform(size=(120, 5))
+    path = tmp_path / "five.csv"
+    np.savetxt(path, np.column_stack([x, x @ np.arange(1, 6)]), delimiter=",",
+               header="a,b,c,d,e,y", comments="")
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="gpscale.fit"):
+        assert main(["fit", "--data", str(path), "--target", "y", "--epochs", "2",
+                     "--out", str(out), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert any(r.getMessage().startswith("method auto: n = 108 ≤ 2,000")
+               for r in caplog.records)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["method"] == "exact"
+    assert json.loads(captured.out)["method"] == "exact"
+
+
+def test_cli_methods_auto_prints_the_rules(capsys):
+    assert main(["methods", "auto"]) == 0
+    text = capsys.readouterr().out
+    for _task, condition, key in RULES:
+        assert condition in text and key in text
+    assert main(["methods"]) == 0
+    assert "auto" in capsys.readouterr().out
