@@ -7,16 +7,10 @@ import torch
 
 from gpscale.kernels import make_kernel
 from gpscale.linalg.factorized import factorized_cg, span_cg, span_lanczos
-from gpscale.linalg.grid import (
-    GramStencil,
-    cell_blocks,
-    grid_kernel,
-    interpolate,
-    keys_cubic,
-    make_grid,
-    pair_offsets,
-)
+from gpscale.linalg.grid import interpolate, keys_cubic, make_grid
 from gpscale.linalg.solvers.lanczos import lanczos
+from gpscale.linalg.stencil import GramStencil, cell_blocks, pair_offsets
+from gpscale.linalg.toeplitz import grid_kernel
 
 F64 = torch.float64
 

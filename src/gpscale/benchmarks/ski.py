@@ -35,8 +35,10 @@ from gpscale.benchmarks.memory import current_rss_mb, peak_memory_mb, peak_rss_m
 from gpscale.benchmarks.report import write_results
 from gpscale.data.synthetic import FieldStream, noisy_sine
 from gpscale.linalg.factorized import factorized_cg
-from gpscale.linalg.grid import grid_kernel, interpolate, make_grid, pair_offsets
+from gpscale.linalg.grid import interpolate, make_grid
 from gpscale.linalg.solvers.cg import ConjugateGradient
+from gpscale.linalg.stencil import pair_offsets
+from gpscale.linalg.toeplitz import grid_kernel
 from gpscale.linalg.whitened import WhitenedSystem, marginal_grams, whitened_solve
 from gpscale.methods.ski import sufficient_statistics
 

@@ -40,8 +40,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gpscale.linalg.grid import GramStencil, GridKernel
 from gpscale.linalg.solvers.cg import ConjugateGradient
+from gpscale.linalg.stencil import GramStencil
+from gpscale.linalg.toeplitz import GridKernel
 
 __all__ = ["KroneckerPreconditioner", "WhitenedResult", "WhitenedSystem", "kron_matmul",
            "kron_sqrt_factors", "marginal_grams", "preconditioned_applies", "whitened_solve",

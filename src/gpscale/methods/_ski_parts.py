@@ -15,16 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpscale.linalg.grid import (
-    INTERPOLATIONS,
-    GramStencil,
-    Grid,
-    cell_blocks,
-    interpolate,
-    make_grid,
-    pair_offsets,
-)
+from gpscale.linalg.grid import INTERPOLATIONS, Grid, interpolate, make_grid
 from gpscale.linalg.ops import rademacher
+from gpscale.linalg.stencil import GramStencil, cell_blocks, pair_offsets
 from gpscale.validation import check_xy
 
 __all__ = ["CELL_BUFFER_BYTES", "DEFAULT_GRID_SIZE", "MAX_DIMS", "StatisticsAccumulator",

@@ -58,6 +58,11 @@ r̂_0 = K_G w_*); ``variance='lanczos'`` (LOVE) uses k factorized Lanczos steps 
 b = W K_G 1/m (ref-code's start), M ≈ P̂ T⁻¹ P̂ᵀ, P̂ = WᵀW Q̂. The prior term w_*ᵀK_Gw_* uses the
 7^d local kernel values (all s^d nodes of a point are within ±3 grid steps).
 
+Layout: the sufficient statistics and the grid options are in :mod:`gpscale.methods._ski_parts`,
+GGP's m-dimensional solves and the :class:`GridState` they assemble in
+:mod:`gpscale.methods._ski_solve`; this module holds the two methods, their predictive and
+their factories.
+
 Deviations / choices: the grid is padded (no truncated rows, §3.2); the output scale multiplies
 K_G once (§11.16); stopping is ‖r_k‖ ≤ rtol ‖b‖ (ref-code, §6.2); probes are Rademacher (the
 ref-code uses Gaussian; Rademacher has lower variance, §11.5); the prior mean is a learned
@@ -68,35 +73,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive
-from gpscale.errors import ConvergenceWarning
 from gpscale.kernels import kernel_hyperparameters
-from gpscale.linalg.factorized import factorized_cg, span_cg, span_lanczos
-from gpscale.linalg.grid import (
-    Grid,
-    GridKernel,
-    Interpolation,
-    grid_kernel,
-    interpolate,
-    make_grid,
-    pair_offsets,
-)
+from gpscale.linalg.factorized import span_cg, span_lanczos
+from gpscale.linalg.grid import Grid, Interpolation, interpolate, make_grid
 from gpscale.linalg.ops import rademacher, safe_cholesky
 from gpscale.linalg.solvers.cg import ConjugateGradient
 from gpscale.linalg.solvers.lanczos import lanczos, lanczos_quadrature
-from gpscale.linalg.whitened import (
-    WhitenedSystem,
-    marginal_grams,
-    preconditioned_applies,
-    whitened_solve,
-)
+from gpscale.linalg.stencil import pair_offsets
+from gpscale.linalg.toeplitz import GridKernel, grid_kernel
+from gpscale.linalg.whitened import WhitenedSystem, marginal_grams
 from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
@@ -105,6 +96,13 @@ from gpscale.methods._common import (
     prior_options,
 )
 from gpscale.methods._ski_parts import SufficientStatistics, grid_options, sufficient_statistics
+from gpscale.methods._ski_solve import (
+    GridState,
+    condition_statistics,
+    mll_state,
+    operators,
+    use_preconditioned,
+)
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.options import Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
@@ -114,37 +112,8 @@ __all__ = ["GGP", "SKI", "GridState", "SufficientStatistics", "build_ggp", "buil
            "sufficient_statistics"]
 
 SOLVERS = ("auto", "preconditioned", "iterative", "dense")
-DENSE_FALLBACK_MAX = 4096
-"""Largest grid whose m × m dense solve is the fallback of a preconditioned solve that misses
-its tolerance (beyond it the run warns and goes on)."""
 VARIANCES = ("lanczos", "exact")
 _F64 = torch.float64
-
-
-@dataclass(frozen=True)
-class GridState:
-    """What ``ski``/``ggp`` condition on (frozen).
-
-    Attributes:
-        quad: rᵀK̃⁻¹r (value; gradients by surrogate).  logdet: log det K̃ (likewise).
-        n: number of training points.  mean_weights: a = K_G Wᵀz̃ (m,), detached.
-        noise, mean_constant: σ² and μ used.  iterations: CG iterations of the solve.
-        data: :class:`SufficientStatistics` (ggp) or :class:`Interpolation` rows (ski).
-    """
-
-    quad: Tensor
-    logdet: Tensor
-    n: int
-    mean_weights: Tensor
-    noise: Tensor
-    mean_constant: Tensor
-    iterations: int
-    data: Any
-
-
-def _surrogate(value: Tensor, s: Tensor) -> Tensor:
-    """``value`` with the gradient of ``s`` (``s`` linear in the hyperparameters)."""
-    return value.detach() + s - s.detach()
 
 
 def _grid_from_options(opts: dict[str, Any]) -> Grid:
@@ -158,29 +127,6 @@ def _kernel_on_grid(kernel, grid: Grid) -> GridKernel:
         raise ValueError("ski/ggp need a [Scale](RBF | Matérn) GPyTorch kernel without "
                          f"active_dims; got {type(kernel).__name__}")
     return grid_kernel(grid, hp.profile, hp.lengthscale, hp.outputscale)
-
-
-def _mll_state(GK: GridKernel, noise: Tensor, mu: Tensor, n: int, *, quad: Tensor,
-               wt_z: Tensor, z_sq: Tensor, one_z: Tensor,
-               h_probes: Tensor, wt_x: Tensor, probe_dot: Tensor, logdet_samples: Tensor,
-               iterations: int, data: Any, mean_weights: Tensor | None = None) -> GridState:
-    """Assemble the state from the solve's m-dimensional outputs (module docstring, surrogates).
-
-    ``mean_weights``: a = K_G Wᵀz̃ when the solve gives it directly (the preconditioned path);
-    else it is formed as K_G (Wᵀz̃).
-    """
-    cols = torch.cat([wt_z[:, None], h_probes], 1)
-    K_cols = GK.matmul(cols)  # differentiable in ℓ, s
-    noise64, mu64 = noise.to(_F64), mu.to(_F64)
-    s_quad = (-2 * mu64 * one_z - wt_z @ K_cols[:, 0] - z_sq * noise64)
-    quad_t = _surrogate(quad, s_quad)
-    if h_probes.shape[1]:
-        s_ld = (wt_x * K_cols[:, 1:]).sum(0).mean() + noise64 * probe_dot.mean()
-        logdet_t = _surrogate(logdet_samples.mean(), s_ld)
-    else:
-        logdet_t = torch.full((), float("nan"), dtype=_F64)
-    weights = K_cols[:, 0].detach() if mean_weights is None else mean_weights.detach()
-    return GridState(quad_t, logdet_t, n, weights, noise.detach(), mu.detach(), iterations, data)
 
 
 def _loss(state: GridState) -> Tensor:
@@ -280,122 +226,8 @@ class GGP(Method):
         if stats.grid != self.grid:
             raise ValueError("the statistics were computed on a different grid than the model's")
         GK = _kernel_on_grid(self.kernel, stats.grid)
-        noise, mu = self.noise, self.mean.constant.reshape(())
-        mu64 = mu.detach().to(_F64)
-        h_r = stats.wt_y - mu64 * stats.wt_one  # Wᵀr
-        r_sum = stats.y_sum - stats.n * mu64
-        rtr = stats.yty - 2 * mu64 * stats.y_sum + stats.n * mu64**2
-        solver = self.options["solver"]
-        if solver == "dense":
-            return self._condition_dense(stats, GK, noise, mu)
-        if solver == "auto":
-            solver = "preconditioned" if self._preconditioned(GK) else "iterative"
-        K, B, s2 = self._operators(GK, stats)
-        h = torch.cat([h_r[:, None], stats.wt_probes], 1)
-        rho = torch.cat([rtr.reshape(1), stats.probe_sq])
-        if solver == "preconditioned":
-            return self._condition_whitened(stats, GK, B, s2, h, rho, r_sum)
-        with torch.no_grad():
-            res = factorized_cg(K, B, s2, h, rho, rtol=self.options["rtol"],
-                                max_iters=self.options["max_iters"],
-                                record_lanczos=stats.wt_probes.shape[1] > 0)
-            x0, c0 = res.x_hat[:, 0], res.c_x[0]
-            z_sq = x0 @ res.wt_x[:, 0] + c0 * res.b_dot_x[0]  # ‖z̃‖² (Claim 4)
-            one_z = x0 @ stats.wt_one + c0 * r_sum  # 1ᵀz̃
-            samples = (stats.probe_sq * lanczos_quadrature(res.tridiagonal[1:])
-                       if res.tridiagonal is not None else stats.probe_sq)
-        return _mll_state(GK, noise, mu, stats.n, quad=res.b_dot_x[0], wt_z=res.wt_x[:, 0],
-                          z_sq=z_sq, one_z=one_z,
-                          h_probes=stats.wt_probes, wt_x=res.wt_x[:, 1:],
-                          probe_dot=res.b_dot_x[1:], logdet_samples=samples,
-                          iterations=res.iterations, data=stats)
-
-    def _preconditioned(self, GK: GridKernel) -> bool:
-        """Whether the solves use :mod:`~gpscale.linalg.whitened` (solver option, K_G form)."""
-        solver = self.options["solver"]
-        return solver == "preconditioned" or (solver == "auto" and preconditioned_applies(GK))
-
-    def _condition_whitened(self, stats, GK, B, s2, h, rho, r_sum) -> GridState:
-        """The same terms from the preconditioned m-dimensional solve (`linalg.whitened`).
-
-        For b = r: a = K_G Wᵀz̃ gives z̃ = (r − W a)/σ², so ‖z̃‖² = (rᵀr − 2hᵀa + aᵀWᵀWa)/σ⁴ and
-        1ᵀz̃ = (Σr − (Wᵀ1)ᵀa)/σ²; the probes' Wᵀx_l, z_lᵀx_l feed the same Hutchinson surrogates;
-        log det K̃ by SLQ on the preconditioned m × m system (its own probes).
-        """
-        with torch.no_grad():
-            res, resid, tol = self._whitened_checked(stats, GK, B, s2, h, rho)
-        rtol = self.options["rtol"]
-        if resid > rtol:
-            fallback = GK.num_grid <= DENSE_FALLBACK_MAX
-            warnings.warn(
-                f"GGP: the mean solve's relative residual is {resid:.2g} after solving to a "
-                f"preconditioned tolerance of {tol:.2g} (asked: rtol={rtol:g}); "
-                + ("falling back to the dense m × m solve" if fallback else
-                   "the predictive mean may be off by that much (raise max_iters)"),
-                ConvergenceWarning, stacklevel=3)
-            if fallback:
-                return self._condition_dense(stats, GK, self.noise, self.mean.constant.reshape(()))
-        with torch.no_grad():
-            a, wt_z = res.a[:, 0], res.wt_x[:, 0]
-            z_sq = (rho[0] - 2 * h[:, 0] @ a + a @ B(a[:, None])[:, 0]) / s2**2
-            one_z = (r_sum - stats.wt_one @ a) / s2
-        state = _mll_state(GK, self.noise, self.mean.constant.reshape(()), stats.n,
-                           quad=res.b_dot_x[0], wt_z=wt_z, z_sq=z_sq, one_z=one_z,
-                           h_probes=stats.wt_probes, wt_x=res.wt_x[:, 1:],
-                           probe_dot=res.b_dot_x[1:], logdet_samples=res.logdet_samples,
-                           iterations=res.iterations, data=stats, mean_weights=a)
-        return state
-
-    def _whitened_checked(self, stats, GK, B, s2, h, rho):
-        """:func:`whitened_solve` whose mean column meets ``rtol`` in the original system.
-
-        The preconditioned CG stops on the residual in the P⁻¹-norm; what sets the predictive
-        mean is a in (σ²I + K_G WᵀW) a = K_G Wᵀr, which :meth:`_condition_whitened` uses
-        directly (forming it as K_G Wᵀz̃ with Wᵀz̃ = (Wᵀr − WᵀW a)/σ² cancels catastrophically
-        at small σ²: on a 2-D field with learned hyperparameters that gave test RMSE 0.82
-        instead of 0.18). The true relative residual of that system is checked (two O(m log m)
-        products); while it exceeds ``rtol`` the solve is repeated with a proportionally tighter
-        tolerance, at most three times. Returns (result, its true relative residual, the last
-        tolerance); the caller warns (:class:`~gpscale.errors.ConvergenceWarning`) and falls
-        back if it still exceeds.
-        """
-        rtol, tol = self.options["rtol"], self.options["rtol"]
-        grams, p = marginal_grams(stats.gram), stats.wt_probes.shape[1]
-        Kh = GK.matmul(h[:, :1].to(_F64))[:, 0]
-        scale = float(Kh.norm()) or 1.0
-        for attempt in range(4):
-            res = whitened_solve(GK, B, grams, s2, stats.n, h, rho, num_logdet_probes=p,
-                                 rtol=tol, max_iters=self.options["max_iters"],
-                                 seed=self.options["seed"])
-            a = res.a[:, :1]
-            resid = float((Kh[:, None] - s2 * a - GK.matmul(B(a))).norm()) / scale
-            if resid <= rtol:
-                break
-            if attempt < 3:
-                tol = max(tol * 0.5 * rtol / resid, 1e-14)
-        return res, resid, tol
-
-    def _operators(self, GK: GridKernel, stats: SufficientStatistics):
-        K = GK.matmul
-        if self.options["wtw_format"] == "csr":
-            csr = stats.gram_csr if stats.gram_csr is not None else stats.gram.to_csr()
-            B = lambda V: csr @ V  # noqa: E731
-        else:
-            B = stats.gram.matmul
-        return K, B, float(self.noise.detach())
-
-    def _condition_dense(self, stats, GK, noise, mu) -> GridState:
-        """Dense m × m reference: exact Fact 2 / eq. 9, differentiable by autograd."""
-        m, n = stats.grid.num_points, stats.n
-        Kd, Bd = GK.to_dense(), stats.gram.to_dense()
-        s2, mu64 = noise.to(_F64), mu.to(_F64)
-        h = stats.wt_y - mu64 * stats.wt_one
-        rtr = stats.yty - 2 * mu64 * stats.y_sum + n * mu64**2
-        A = Kd @ Bd + s2 * torch.eye(m, dtype=_F64)
-        zbar = torch.linalg.solve(A, Kd @ h)  # Fact 2: z̄ = A⁻¹ K_G Wᵀr
-        quad = (rtr - h @ zbar) / s2  # eq. 8
-        logdet = torch.linalg.slogdet(A)[1] + (n - m) * torch.log(s2)  # eq. 9
-        return GridState(quad, logdet, n, zbar.detach(), noise.detach(), mu.detach(), 0, stats)
+        return condition_statistics(self.options, stats, GK, self.noise,
+                                    self.mean.constant.reshape(()))
 
     def loss(self, state: GridState) -> Tensor:
         """−log p(y)/n (module docstring); gradients w.r.t. ℓ, s, σ², μ."""
@@ -406,8 +238,8 @@ class GGP(Method):
         stats = state.data
 
         def term(GK: GridKernel):
-            K, B, s2 = self._operators(GK, stats)
-            if self.options["variance"] == "exact" and self._preconditioned(GK):
+            K, B, s2 = operators(self.options, GK, stats, self.noise)
+            if self.options["variance"] == "exact" and use_preconditioned(self.options, GK):
                 system = WhitenedSystem.build(GK, B, marginal_grams(stats.gram), s2, stats.n)
                 pairs = pair_offsets(stats.grid.support, stats.grid.num_dims)
 
@@ -494,10 +326,10 @@ class SKI(Method):
             wt_x = rows.rmatmul(X)
             b_dot_x = (rhs * X).sum(0)
             samples = res.lanczos_weights[1:] * lanczos_quadrature(res.tridiagonal[1:])
-        return _mll_state(GK, noise, mu, x.shape[0], quad=b_dot_x[0], wt_z=wt_x[:, 0],
-                          z_sq=X[:, 0] @ X[:, 0], one_z=X[:, 0].sum(), h_probes=h_probes,
-                          wt_x=wt_x[:, 1:], probe_dot=b_dot_x[1:], logdet_samples=samples,
-                          iterations=res.iterations, data=rows)
+        return mll_state(GK, noise, mu, x.shape[0], quad=b_dot_x[0], wt_z=wt_x[:, 0],
+                         z_sq=X[:, 0] @ X[:, 0], one_z=X[:, 0].sum(), h_probes=h_probes,
+                         wt_x=wt_x[:, 1:], probe_dot=b_dot_x[1:], logdet_samples=samples,
+                         iterations=res.iterations, data=rows)
 
     def loss(self, state: GridState) -> Tensor:
         """−log p(y)/n, as :meth:`GGP.loss`."""
