@@ -30,7 +30,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from gpscale.data.transforms import Standardizer
 from gpscale.distributions import Predictive
 from gpscale.io import model_from_payload, model_payload, register_loader
-from gpscale.methods.auto import AUTO, choose_method
+from gpscale.methods import auto
+from gpscale.methods.auto import AUTO
 from gpscale.methods.registry import METHODS, get_spec
 from gpscale.training import History, resolve_fit_config
 from gpscale.training.harness import cast, train_method
@@ -71,7 +72,10 @@ class _GPEstimator(BaseEstimator):
         A ``method`` that is not a registered key is left for ``fit`` to report (scikit-learn
         expects ``__init__`` and ``set_params`` to accept any value of a declared parameter).
         """
-        if not (isinstance(self.method, str) and self.method in _registered()):  # incl. auto
+        if self.method == AUTO:
+            auto.check_options(self._task, self._options)
+            return dict(self._options)
+        if not (isinstance(self.method, str) and self.method in _registered()):
             return dict(self._options)
         return get_spec(self.method).resolve(self._options, fill_defaults=False)
 
@@ -95,9 +99,7 @@ class _GPEstimator(BaseEstimator):
         if x.shape[0] < 2:
             raise ValueError(f"{type(self).__name__} needs at least 2 samples; got "
                              f"n_samples={x.shape[0]}")
-        self.method_ = self._choose_method(x, num_classes)
-        # an unknown method: ValueError listing the valid ones; options typed and checked
-        options = get_spec(self.method_).resolve(self._options, fill_defaults=False)
+        self.method_, options = self._choose_method(x, num_classes)
         config = resolve_fit_config(
             self.method_, x.shape[0], dtype=self.dtype,
             seed=int(self.random_state), progress=bool(self.progress),
@@ -114,16 +116,20 @@ class _GPEstimator(BaseEstimator):
         self._state = trained.state
         self.n_features_in_ = x.shape[1]
 
-    def _choose_method(self, x: torch.Tensor, num_classes: int | None) -> str:
-        """The method key to fit: ``method``, or for ``"auto"`` the one :func:`choose_method`
-        picks for this data (its reason logged on ``gpscale.fit``)."""
+    def _choose_method(self, x: torch.Tensor, num_classes: int | None
+                       ) -> tuple[str, dict[str, Any]]:
+        """The method key to fit and its typed options: ``method``, or for ``"auto"`` the key
+        :func:`~gpscale.methods.auto.choose_method` picks for this data (its reason logged on
+        ``gpscale.fit``). An unknown method or option is a ``ValueError``."""
         if self.method != AUTO:
             self.method_reason_ = "given"
-            return self.method
-        choice = choose_method(self._task, x.shape[0], x.shape[1], num_classes=num_classes)
+            return self.method, get_spec(self.method).resolve(self._options,
+                                                              fill_defaults=False)
+        auto.check_options(self._task, self._options)
+        choice = auto.choose_method(self._task, x.shape[0], x.shape[1], num_classes=num_classes)
         logging.getLogger("gpscale.fit").info("method auto: %s", choice.reason)
         self.method_reason_ = choice.reason
-        return choice.method
+        return choice.method, auto.resolve_options(choice, self._options)
 
     def _transform_xy(self, x, y):
         if self.transform_ is None:

@@ -91,8 +91,12 @@ def test_regressor_defaults_to_auto_and_says_why(caplog):
     # the fitted key is what was trained; options are checked against it at fit
     assert reg.model_.method_key == "exact"
     assert np.sqrt(np.mean((reg.predict(X) - y) ** 2)) < 0.2
-    with pytest.raises(ValueError, match="num_inducing"):
-        GPRegressor(epochs=1, num_inducing=8).fit(X, y)  # exact has no inducing points
+    # num_inducing is an option of methods auto can pick, so the estimator is made; fit
+    # says that auto chose exact, which has none
+    with pytest.raises(ValueError, match="auto' chose 'exact' .*unknown option 'num_inducing'"):
+        GPRegressor(epochs=1, num_inducing=8).fit(X, y)
+    with pytest.raises(ValueError, match="num_inducing=.*invalid"):
+        GPRegressor(num_inducing="many")
 
 
 def test_saved_auto_estimator_remembers_the_fitted_key(tmp_path):
@@ -142,3 +146,12 @@ def test_cli_methods_auto_prints_the_rules(capsys):
         assert condition in text and key in text
     assert main(["methods"]) == 0
     assert "auto" in capsys.readouterr().out
+
+
+def test_cli_auto_with_a_misspelt_option_is_a_one_line_error(tmp_path, capsys):
+    code = main(["fit", "--dataset", "yacht", "-o", "num_inducng=64", "--out",
+                 str(tmp_path / "r"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "unknown option 'num_inducng' for method 'auto'" in err
+    assert "did you mean 'num_inducing'" in err

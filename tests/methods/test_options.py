@@ -147,6 +147,10 @@ def test_method_training_defaults_are_fit_configs():
 
 def test_estimators_check_options_when_made_and_when_fitted():
     with pytest.raises(ValueError, match="unknown option 'num_inducng' for method 'svgp'"):
+        GPRegressor(method="svgp", num_inducng=64)
+    # the default method, auto: checked against every method auto can pick
+    with pytest.raises(ValueError, match="unknown option 'num_inducng' for method 'auto' .*"
+                                         "did you mean 'num_inducing'"):
         GPRegressor(num_inducng=64)
     with pytest.raises(ValueError, match="ard='False'|ard=.*expected"):
         GPRegressor(method="exact", ard="perhaps")

@@ -21,10 +21,12 @@ from typing import Any
 import torch
 
 from gpscale.data import Dataset, load_csv, load_dataset
+from gpscale.data.datasets import get_entry
 from gpscale.distributions import Predictive
 from gpscale.errors import NonFiniteLossError
 from gpscale.io import save
-from gpscale.methods.auto import AUTO, choose_method
+from gpscale.methods import auto
+from gpscale.methods.auto import AUTO
 from gpscale.methods.base import Method
 from gpscale.methods.registry import get_spec
 from gpscale.metrics import json_safe
@@ -95,6 +97,9 @@ class RunSpec:
         if self.method != AUTO:
             typed = get_spec(self.method).resolve(self.options, fill_defaults=False)
             object.__setattr__(self, "options", typed)
+        else:
+            task = get_entry(self.dataset).task if self.dataset is not None else self.task
+            auto.check_options(task, self.options)
 
 
 @dataclass
@@ -119,10 +124,10 @@ def resolve_auto(spec: RunSpec, data: Dataset) -> RunSpec:
     ``data`` (its reason logged on ``gpscale.fit``); any other spec unchanged."""
     if spec.method != AUTO:
         return spec
-    choice = choose_method(data.task, data.num_train, data.num_dims,
-                           num_classes=data.num_classes)
+    choice = auto.choose_method(data.task, data.num_train, data.num_dims,
+                                num_classes=data.num_classes)
     logging.getLogger("gpscale.fit").info("method auto: %s", choice.reason)
-    return replace(spec, method=choice.method)
+    return replace(spec, method=choice.method, options=auto.resolve_options(choice, spec.options))
 
 
 def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:

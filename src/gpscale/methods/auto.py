@@ -29,11 +29,19 @@ estimators print (logger ``gpscale.fit``).
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["AUTO", "RULES", "Choice", "choose_method", "available_memory", "EXACT_MAX_N",
+from gpscale.methods.options import OptionError
+from gpscale.methods.registry import get_spec
+
+__all__ = ["AUTO", "RULES", "Choice", "choose_method", "candidates", "check_options",
+           "resolve_options",
+           "available_memory", "EXACT_MAX_N",
            "GRID_MAX_DIMS", "CAGP_MAX_N", "ITERNCGP_MAX_NC"]
 
 log = logging.getLogger("gpscale.fit")
@@ -121,3 +129,42 @@ def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
                                         "cagp-opt (best test NLL at this size)")
     return Choice("softki", why + f"d = {d} > {GRID_MAX_DIMS} and n > {CAGP_MAX_N:,}: softki "
                                   "(minibatch, learned interpolation points)")
+
+
+def candidates(task: str) -> list[str]:
+    """The keys ``auto`` can pick for ``task``, in the order of :data:`RULES`."""
+    keys = [key for rule_task, _, key in RULES if rule_task == task]
+    if not keys:
+        raise ValueError(f"unknown task {task!r}; expected regression, classification or counts")
+    return list(dict.fromkeys(keys))
+
+
+def check_options(task: str, options: Mapping[str, Any]) -> None:
+    """Options given with ``method="auto"``, checked before the choice is made: each must be
+    declared by a method ``auto`` can pick for ``task``, with a value that fits it.
+
+    Raises:
+        OptionError: naming the option, the methods it was checked against and the close
+            matches, or the value's problem.
+    """
+    keys = candidates(task)
+    for name, value in options.items():
+        declaring = [k for k in keys if any(o.name == name for o in get_spec(k).options)]
+        if not declaring:
+            names = sorted({o.name for k in keys for o in get_spec(k).options if not o.hidden})
+            close = difflib.get_close_matches(str(name), names, 1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise OptionError(f"unknown option {name!r} for method 'auto' (none of "
+                              f"{', '.join(keys)} declares it){hint}; their options: "
+                              f"{', '.join(names)}")
+        get_spec(declaring[0]).resolve({name: value}, fill_defaults=False)
+
+
+def resolve_options(choice: Choice, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` typed for the chosen method; an option it does not take is an
+    :class:`OptionError` that says ``auto`` chose it and why."""
+    try:
+        return get_spec(choice.method).resolve(dict(options), fill_defaults=False)
+    except OptionError as err:
+        raise OptionError(f"method 'auto' chose {choice.method!r} ({choice.reason}): {err}; "
+                          "name a method to use these options") from None
