@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -27,9 +28,22 @@ def test_safe_cholesky_singular_adds_named_jitter(generator):
     eigenvalues = torch.cat([torch.ones(3), torch.zeros(7)]).double()
     A = spd_with_spectrum(eigenvalues, generator) - 1e-12 * torch.eye(10)
     jitter = 1e-8 * A.diagonal().mean().item()
-    with pytest.warns(RuntimeWarning, match=f"Cholesky of gram \\(10, 10\\).*{jitter:.3g}"):
+    message = f"Cholesky of gram \\(10, 10\\).*of order {_order(jitter)}"
+    with pytest.warns(RuntimeWarning, match=message):
         L = safe_cholesky(A, name="gram")
     torch.testing.assert_close(L @ L.mT, add_jitter(A, jitter), rtol=0, atol=1e-12)
+
+
+def test_safe_cholesky_repeated_in_a_loop_warns_once(generator):
+    """The warning text carries the jitter's order of magnitude only, so a factorisation
+    repeated every training step is reported once, not once per step."""
+    eigenvalues = torch.cat([torch.ones(3), torch.zeros(7)]).double()
+    A = spd_with_spectrum(eigenvalues, generator) - 1e-12 * torch.eye(10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for scale in (1.0, 1.1, 1.2):
+            safe_cholesky(A * scale, name="gram")
+    assert len(caught) == 1 and "needed jitter of order" in str(caught[0].message)
 
 
 def test_safe_cholesky_grows_jitter_tenfold(generator):
@@ -37,7 +51,7 @@ def test_safe_cholesky_grows_jitter_tenfold(generator):
     eigenvalues = torch.cat([torch.tensor([-5e-7]), torch.ones(5)]).double()
     A = spd_with_spectrum(eigenvalues, generator)
     scale = A.diagonal().mean().item()
-    with pytest.warns(RuntimeWarning, match=f"{1e-6 * scale:.3g}"):
+    with pytest.warns(RuntimeWarning, match=f"of order {_order(1e-6 * scale)}"):
         L = safe_cholesky(A)
     torch.testing.assert_close(L @ L.mT, add_jitter(A, 1e-6 * scale), rtol=0, atol=1e-12)
 
@@ -66,8 +80,15 @@ def test_safe_cholesky_float32_starts_at_1e_6(generator):
     """float32 starts the jitter at 1e-6 · mean diag."""
     A = spd_with_spectrum(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), generator)
     A32 = (A - 1e-7 * torch.eye(3)).float()
-    with pytest.warns(RuntimeWarning, match=f"{1e-6 * A32.diagonal().mean().item():.3g}"):
-        safe_cholesky(A32)
+    jitter = 1e-6 * A32.diagonal().mean().item()
+    with pytest.warns(RuntimeWarning, match=f"of order {_order(jitter)}"):
+        L = safe_cholesky(A32)
+    torch.testing.assert_close(L @ L.mT, add_jitter(A32, jitter), rtol=0, atol=1e-6)
+
+
+def _order(jitter: float) -> str:
+    """The power of ten the warning names for ``jitter``."""
+    return f"1e{math.floor(math.log10(jitter)):+03d}"
 
 
 def test_upcast_is_one_named_conversion():

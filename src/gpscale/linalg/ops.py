@@ -10,6 +10,7 @@ bound.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable
 
@@ -119,8 +120,10 @@ def safe_cholesky(A: Float[Tensor, "*b n n"], *, jitter: float | None = None, ma
         last = jitter0 * 10.0**attempt
         L_try, info = torch.linalg.cholesky_ex(add_jitter(A, torch.where(failed, last, 0.0)))
         if not bool((info > 0).any()):
+            # The jitter is given to its order of magnitude so that a factorisation repeated
+            # every step warns once (Python shows a warning text once per call site).
             warnings.warn(f"Cholesky of {name} {tuple(A.shape)} ({A.dtype}) needed jitter "
-                          f"{_describe(last[failed])} on the diagonal", RuntimeWarning,
+                          f"of order {_magnitude(last[failed])} on the diagonal", RuntimeWarning,
                           stacklevel=2)
             return L_try
     raise NumericalError(
@@ -128,6 +131,11 @@ def safe_cholesky(A: Float[Tensor, "*b n n"], *, jitter: float | None = None, ma
         f"with jitter {_describe(last[failed])} after {max_tries} tries. Increase the noise or "
         f"jitter (jitter=..., max_tries=...), use float64, or check {name} for NaN/inf or "
         f"duplicated inputs.")
+
+
+def _magnitude(values: Tensor) -> str:
+    """``1e-08``-style power of ten of the largest value."""
+    return f"1e{math.floor(math.log10(values.max().item())):+03d}"
 
 
 def _describe(values: Tensor) -> str:
