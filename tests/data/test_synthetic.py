@@ -12,6 +12,7 @@ from gpscale.data.synthetic import (
     FieldStream,
     binary_classification,
     demo_regression,
+    few_relevant_inputs,
     field_dataset,
     gaussian_mixture,
     mixture_components,
@@ -222,3 +223,20 @@ def test_field_dataset_is_the_stream_prefix():
                                               strict=True))
     torch.testing.assert_close(data.x_train, x[:800], rtol=0, atol=0)
     torch.testing.assert_close(data.y_test, y[800:], rtol=0, atol=0)
+
+
+def test_few_relevant_inputs_depend_on_the_first_inputs_only():
+    """f is a function of the first r columns (changing the others leaves it unchanged), the
+    noise has the stated variance, and the draw is reproducible from the seed."""
+    data = few_relevant_inputs(3000, 500, num_dims=12, num_relevant=3, noise=0.04, seed=5)
+    assert data.x_train.shape == (3000, 12) and data.y_test.shape == (500,)
+    x = data.x_train
+    f = sum(torch.sin(2 * math.pi * x[:, j] + j) for j in range(3))
+    f = f + torch.sin(2 * math.pi * (x[:, 0] + x[:, 1]))
+    torch.testing.assert_close(data.f_train, f, rtol=0, atol=1e-12)
+    noise = data.y_train - data.f_train
+    assert abs(noise.var().item() - 0.04) < 0.005
+    again = few_relevant_inputs(3000, 500, num_dims=12, num_relevant=3, noise=0.04, seed=5)
+    torch.testing.assert_close(again.y_test, data.y_test, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="num_relevant"):
+        few_relevant_inputs(10, 10, num_dims=3, num_relevant=4)

@@ -258,6 +258,8 @@ _GENERATED = (
                  _synthetic_loader(synthetic.field_dataset)),
     DatasetEntry("synthetic", "regression", 4000, 1, "1-D sum of sines with a gap (demo)",
                  _synthetic_loader(synthetic.demo_regression)),
+    DatasetEntry("relevant32", "regression", 10_000, 32, "32 inputs of which 4 matter (ARD)",
+                 _synthetic_loader(synthetic.few_relevant_inputs)),
 )
 DATASETS: dict[str, DatasetEntry] = {
     **{name: DatasetEntry(name, "regression", n, d, f"UCI: {text}", _load_uci,

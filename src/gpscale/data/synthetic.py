@@ -38,7 +38,7 @@ from gpscale.typing import Float, Tensor
 __all__ = [
     "SyntheticData", "MixtureComponents", "FieldStream", "rbf_prior_sample",
     "binary_classification", "poisson_counts", "mixture_components", "gaussian_mixture",
-    "noisy_sine", "demo_regression", "stream_field", "field_dataset",
+    "noisy_sine", "demo_regression", "stream_field", "field_dataset", "few_relevant_inputs",
 ]
 
 _FLOAT = torch.float64
@@ -224,6 +224,27 @@ def demo_regression(num_train: int = 3000, num_test: int = 1000, *, noise: float
     f = sum(a * torch.sin(w * x[:, 0]) for a, w in _DEMO_TERMS)
     y = f + math.sqrt(noise) * torch.randn(f.shape, generator=generator, dtype=_FLOAT)
     return SyntheticData(x_train, y[:num_train], x_test, y[num_train:],
+                         f[:num_train], f[num_train:])
+
+
+def few_relevant_inputs(num_train: int = 8000, num_test: int = 2000, *, num_dims: int = 32,
+                        num_relevant: int = 4, noise: float = 0.01,
+                        seed: int = 0) -> SyntheticData:
+    r"""Regression on ``num_dims`` inputs of which only the first ``num_relevant`` matter.
+
+    x ~ U[0, 1]^d and :math:`f(x) = \sum_{j < r} \sin(2\pi x_j + j) + \sin(2\pi (x_0 + x_1))`
+    (so the relevant inputs also interact), y = f + ε with noise variance ``noise``. A method
+    learns this only if its ARD lengthscales of the d − r irrelevant inputs grow: a shared
+    lengthscale, or one that never moves, predicts little more than the mean.
+    """
+    if not 2 <= num_relevant <= num_dims:
+        raise ValueError(f"need 2 <= num_relevant <= num_dims; got {num_relevant}, {num_dims}")
+    generator = _generator(seed)
+    x = torch.rand(num_train + num_test, num_dims, generator=generator, dtype=_FLOAT)
+    f = sum(torch.sin(2 * math.pi * x[:, j] + j) for j in range(num_relevant))
+    f = f + torch.sin(2 * math.pi * (x[:, 0] + x[:, 1]))
+    y = f + math.sqrt(noise) * torch.randn(f.shape, generator=generator, dtype=_FLOAT)
+    return SyntheticData(x[:num_train], y[:num_train], x[num_train:], y[num_train:],
                          f[:num_train], f[num_train:])
 
 
