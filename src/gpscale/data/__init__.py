@@ -7,7 +7,7 @@ Example:
     (torch.Size([3000, 1]), 'regression')
 """
 
-from gpscale.data.csv import load_csv
+from gpscale.data.csv import load_csv, load_table
 from gpscale.data.datasets import (
     ALIASES,
     DATASETS,
@@ -63,6 +63,7 @@ __all__ = [
     "list_datasets",
     "load_csv",
     "load_dataset",
+    "load_table",
     "mixture_components",
     "noisy_sine",
     "poisson_counts",
