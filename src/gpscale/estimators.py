@@ -72,7 +72,7 @@ class _GPEstimator(BaseEstimator):
         A ``method`` that is not a registered key is left for ``fit`` to report (scikit-learn
         expects ``__init__`` and ``set_params`` to accept any value of a declared parameter).
         """
-        if self.method == AUTO:
+        if _is_auto(self.method):
             auto.check_options(self._task, self._options)
             return dict(self._options)
         if not (isinstance(self.method, str) and self.method in _registered()):
@@ -121,7 +121,7 @@ class _GPEstimator(BaseEstimator):
         """The method key to fit and its typed options: ``method``, or for ``"auto"`` the key
         :func:`~gpscale.methods.auto.choose_method` picks for this data (its reason logged on
         ``gpscale.fit``). An unknown method or option is a ``ValueError``."""
-        if self.method != AUTO:
+        if not _is_auto(self.method):
             self.method_reason_ = "given"
             return self.method, get_spec(self.method).resolve(self._options,
                                                               fill_defaults=False)
@@ -231,6 +231,10 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
 
     def _extra_payload(self) -> dict[str, Any]:
         return {"classes": self.classes_}
+
+
+def _is_auto(method: Any) -> bool:
+    return isinstance(method, str) and method == AUTO
 
 
 def _registered() -> dict[str, Any]:
