@@ -1,0 +1,130 @@
+"""The package's shape (issue #17): no file over 500 lines, no import cycle, layers import down.
+
+Read from the source with :mod:`ast` (nothing is imported). A module's imports are its
+``import gpscale...`` / ``from gpscale... import ...`` statements at any depth except under
+``if TYPE_CHECKING:``; ``from gpscale.a import b`` counts as importing ``gpscale.a.b`` when that
+is a module, and importing ``gpscale.a.b`` also runs ``gpscale/a/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).parents[1] / "src"
+PACKAGE = SRC / "gpscale"
+MAX_LINES = 500
+# cli → benchmarks → training → methods → likelihoods → kernels → linalg: a module may import
+# from its own layer or any layer to its right, never to its left. (``gpscale.kernels`` puts
+# kernel products onto linalg's fused / chunked / block-sparse primitives, so it sits above
+# linalg; linalg knows no kernel objects.)
+LAYERS = ("gpscale.cli", "gpscale.benchmarks", "gpscale.training", "gpscale.methods",
+          "gpscale.likelihoods", "gpscale.kernels", "gpscale.linalg")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def _imports(name: str, *, top_level_only: bool) -> set[str]:
+    """The gpscale modules ``name`` imports (with the packages each import runs)."""
+    tree = ast.parse(MODULES[name].read_text())
+    skip = _type_checking_lines(tree)
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if getattr(node, "lineno", None) in skip:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES
+                       else node.module for a in node.names]
+        for target in targets:
+            if not target.startswith("gpscale"):
+                continue
+            parts = target.split(".")
+            found.update(".".join(parts[:i]) for i in range(2, len(parts) + 1)
+                         if ".".join(parts[:i]) in MODULES)
+    found.discard(name)
+    return found
+
+
+def _layer(name: str) -> int | None:
+    for rank, prefix in enumerate(LAYERS):
+        if name == prefix or name.startswith(prefix + "."):
+            return rank
+    return None
+
+
+def test_no_source_file_over_500_lines():
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these modules (lines): {long}"
+
+
+def test_no_import_cycle_between_modules():
+    """Tarjan's strongly connected components of the top-level import graph are singletons
+    (a package importing its own submodules in ``__init__`` is not a cycle)."""
+    graph = {name: {t for t in _imports(name, top_level_only=True)
+                    if not (name != "gpscale" and t.startswith(name + "."))
+                    and not (t != "gpscale" and name.startswith(t + "."))}
+             for name in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _layer(n) is not None))
+def test_layers_import_downwards_only(name):
+    """Also imports inside functions: a lazy import is still a dependency."""
+    rank = _layer(name)
+    upward = sorted(t for t in _imports(name, top_level_only=False)
+                    if (r := _layer(t)) is not None and r < rank)
+    assert not upward, f"{name} imports from a layer above it: {upward}"
