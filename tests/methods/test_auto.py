@@ -30,8 +30,8 @@ GIB = 2**30
     ("regression", 10**8, 3, None, "ggp"),
     ("regression", EXACT_MAX_N + 1, 4, None, "cagp-opt"),
     ("regression", CAGP_MAX_N, 32, None, "cagp-opt"),
-    ("regression", CAGP_MAX_N + 1, 4, None, "softki"),
-    ("regression", 2 * 10**6, 8, None, "softki"),
+    ("regression", CAGP_MAX_N + 1, 4, None, "solvegp"),
+    ("regression", 2 * 10**6, 8, None, "solvegp"),
     ("classification", 8000, 784, 10, "iterncgp"),
     ("classification", ITERNCGP_MAX_NC, 5, 2, "iterncgp"),   # binary: one latent function
     ("classification", ITERNCGP_MAX_NC // 10 + 1, 5, 10, "svgp"),
@@ -56,7 +56,7 @@ def test_every_rule_row_is_reachable_and_names_a_key_for_its_task():
     """RULES (what `gpscale methods auto` prints) and choose_method agree row by row."""
     examples = {
         "exact": ("regression", 100, 5, None), "ggp": ("regression", 50_000, 2, None),
-        "cagp-opt": ("regression", 5000, 9, None), "softki": ("regression", 50_000, 9, None),
+        "cagp-opt": ("regression", 5000, 9, None), "solvegp": ("regression", 50_000, 9, None),
         "iterncgp": ("classification", 1000, 3, 3), "svgp": ("classification", 10**6, 3, 3),
     }
     for task, _condition, key in RULES:

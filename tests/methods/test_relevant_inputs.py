@@ -1,0 +1,58 @@
+"""Defaults learn which inputs matter: 32 inputs of which 4 carry the signal (issue #18).
+
+The generated set ``relevant32`` (here n = 3,000 train, 2,000 test; noise standard deviation
+0.1 against a signal of standard deviation ≈ 1.6) is learnable only by a method whose ARD
+lengthscales of the 28 irrelevant inputs grow: a method stuck at its initial lengthscales
+predicts close to the mean (test RMSE ≈ 1 on standardised y). Every regression key that takes
+d > 3 inputs trains with no options, as ``gpscale fit --dataset relevant32 --method KEY`` does, and
+must reach a test RMSE within 10% of the exact GP's. SKI and GGP are grid methods for d ≤ 3;
+SoftKI is an expected failure (SOFTKI_REASON).
+Each run may take the default budget (300 s): the whole module takes up to ~45 minutes.
+
+Why n = 3,000 and not the issue's 8,000: the reference must itself be trained with its defaults,
+and the exact GP (GPyTorch, Cholesky, float64) costs 49 s per epoch at n = 8,000 on a 2-core
+machine, so in its 300 s budget it stops after 6–7 epochs at test RMSE 1.04 (the mean is 1.6);
+at n = 3,000 an epoch costs a few seconds and it converges.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpscale.benchmarks.runner import RunSpec, run_metrics
+from gpscale.methods import METHODS
+
+pytestmark = pytest.mark.slow
+NUM_TRAIN = 3000
+
+KEYS = sorted(k for k, spec in METHODS.items()
+              if "regression" in spec.tasks and k not in ("exact", "ski", "ggp"))
+
+
+def _fit(key: str) -> dict:
+    metrics = run_metrics(RunSpec(method=key, dataset="relevant32", progress=False,
+                                  dataset_options={"n": NUM_TRAIN}))
+    print(f"\nrelevant32 {key}: test RMSE {metrics.get('test_rmse')}, NLL "
+          f"{metrics.get('test_nll')}, {metrics.get('epochs')} epochs, stopped "
+          f"{metrics.get('stopped')}, {metrics.get('train_time_s')} s")  # shown with -s
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def exact_rmse() -> float:
+    metrics = _fit("exact")
+    # the reference itself must have found the 4 inputs: noise floor 0.1 / 1.6 ≈ 0.06
+    assert metrics["test_rmse"] < 0.3, metrics
+    return metrics["test_rmse"]
+
+
+SOFTKI_REASON = ("SoftKI's softmax interpolation weights use plain Euclidean distances between "
+                 "x and the learned points, so 28 irrelevant inputs swamp them: measured test "
+                 "RMSE 1.55 (the mean's) against the exact GP's 0.14; auto does not pick it")
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.xfail(
+    reason=SOFTKI_REASON, strict=True)) if k == "softki" else k for k in KEYS])
+def test_defaults_reach_the_exact_gp(key, exact_rmse):
+    metrics = _fit(key)
+    assert metrics["test_rmse"] <= 1.1 * exact_rmse, (key, metrics, exact_rmse)
