@@ -157,3 +157,26 @@ def test_fit_iterncgp_on_counts_and_classes_without_flags(tmp_path, dataset, met
     assert metrics["stopped"] == "conditioned" and metrics["epochs"] == 1
     assert low < metrics[metric] < high
     assert (out / "model.pt").exists()
+
+
+def test_model_without_data_dependence_is_saved_without_the_training_set(tmp_path, data_root):
+    """SVGP's model.pt carries no training data (its predictive needs none) and predicts the
+    raw test rows with the RMSE fit reported; the exact GP's carries the data it conditions on."""
+    from gpscale.io import load_with_data
+
+    code, out = _fit(tmp_path, method="svgp", epochs="3", name="svgp")
+    assert code == 0
+    assert load_with_data(out / "model.pt").data is None
+    code, out_exact = _fit(tmp_path, name="exact")
+    assert load_with_data(out_exact / "model.pt").data is not None
+    raw = np.loadtxt(gzip.open(data_root / "uci/yacht/data.csv.gz"), delimiter=",")
+    mask = np.loadtxt(gzip.open(data_root / "uci/yacht/test_mask.csv.gz"), delimiter=",")
+    test, train_y = raw[mask[:, 0] == 1], raw[mask[:, 0] == 0, -1]
+    path = tmp_path / "rows.csv"
+    np.savetxt(path, test, delimiter=",")
+    assert main(["predict", "--model", str(out / "model.pt"), "--data", str(path),
+                 "--target", "-1", "--out", str(tmp_path / "pred.csv")]) == 0
+    pred = np.array([float(r["mean"]) for r in csv.DictReader(open(tmp_path / "pred.csv"))])
+    rmse_std = np.sqrt(np.mean((pred - test[:, -1]) ** 2)) / train_y.std(ddof=1)
+    reported = json.loads((out / "metrics.json").read_text())["test_rmse"]
+    assert rmse_std == pytest.approx(reported, rel=1e-2)

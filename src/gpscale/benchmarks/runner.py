@@ -5,8 +5,10 @@ the method through :mod:`gpscale.training.harness` (test metrics every ``eval_ev
 outside the training clock), evaluates the final model and, with ``out``, writes
 ``metrics.json``, ``history.csv``, ``history.json`` and ``model.pt`` there. All metrics are on the
 standardised target scale, as the papers report them. ``metrics.json`` is strict JSON: a
-non-finite metric is written as ``null``. ``model.pt`` records the names of the raw input columns
-(the CSV header's, else ``x0..x{d-1}``) so that ``gpscale predict`` matches columns by name.
+non-finite metric is written as ``null``. ``model.pt`` holds the training data only for methods
+that condition on it to predict (``needs_data_for_prediction``); it records the names of the
+raw input columns (the CSV header's, else ``x0..x{d-1}``) so that ``gpscale predict`` matches
+columns by name.
 """
 
 from __future__ import annotations
@@ -233,7 +235,10 @@ def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, mode
             "feature_names": feature_names(data), "target_name": data.info.get("target"),
             "target_index": data.info.get("target_index"),
             "num_columns": data.info.get("num_columns")}
-    save(model, out / "model.pt", data=train, transform=transform, info=info)
+    # Methods whose state needs no data (SVGP, SOLVE-GP's minibatch bound) save none: model.pt
+    # stays O(parameters) and predicts without the training set.
+    save(model, out / "model.pt", data=train if model.needs_data_for_prediction else None,
+         transform=transform, info=info)
     log.info("wrote %s", out)
 
 
