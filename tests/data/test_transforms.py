@@ -124,3 +124,29 @@ def test_property_kept_columns_standardised(n, d, seed, scale):
     assert xs.shape == (n, t.num_dims)
     torch.testing.assert_close(xs.mean(0), torch.zeros(t.num_dims), rtol=0, atol=1e-9)
     torch.testing.assert_close(xs.std(0, correction=0), torch.ones(t.num_dims), rtol=0, atol=1e-9)
+
+
+def test_inplace_transform_overwrites_its_input_and_equals_the_copy():
+    """inplace=True standardises x itself when no column is dropped (no temporary array),
+    gives what the copying path gives, and falls back to a copy when columns are dropped or
+    x holds integers (means are not truncated)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 3, generator=gen, dtype=torch.float64) * 4 + 2
+    t = Standardizer.fit(x, None)
+    expected = t.transform_x(x)
+    assert expected.data_ptr() != x.data_ptr()
+    work = x.clone()
+    out = t.transform_x(work, inplace=True)
+    assert out.data_ptr() == work.data_ptr()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(out.mean(0), torch.zeros(3, dtype=torch.float64),
+                               rtol=0, atol=1e-12)
+    with_constant = torch.cat([x, torch.ones(500, 1, dtype=torch.float64)], 1)
+    t2 = Standardizer.fit(with_constant, None)
+    kept = t2.transform_x(with_constant.clone(), inplace=True)
+    assert kept.shape == (500, 3)
+    torch.testing.assert_close(kept, expected, rtol=0, atol=1e-12)
+    ints = torch.tensor([[1], [2], [4]])
+    t3 = Standardizer.fit(ints.double(), None)
+    torch.testing.assert_close(t3.transform_x(ints, inplace=True),
+                               t3.transform_x(ints.double()), rtol=0, atol=1e-15)

@@ -125,15 +125,27 @@ class Standardizer:
         kept = set(self.kept_columns)
         return tuple(j for j in range(self.num_input_dims) if j not in kept)
 
-    def transform_x(self, x: Float[Tensor, "n d"]) -> Float[Tensor, "n k"]:
-        """Drop the constant columns and standardise: (n, d) -> (n, d_kept)."""
+    def transform_x(self, x: Float[Tensor, "n d"], *,
+                    inplace: bool = False) -> Float[Tensor, "n k"]:
+        """Drop the constant columns and standardise: (n, d) -> (n, d_kept).
+
+        One new array of the result's size (none with ``inplace=True`` when no column is
+        dropped: ``x`` itself is overwritten and returned), so that millions of rows are
+        standardised without temporaries.
+        """
         if x.dim() != 2 or x.shape[1] != self.num_input_dims:
             raise ValueError(f"x must have shape (n, {self.num_input_dims}); "
                              f"got {tuple(x.shape)}")
+        ftype = x.dtype if x.is_floating_point() else torch.float64
+        mean = torch.tensor(self.x_mean, dtype=ftype, device=x.device)
+        std = torch.tensor(self.x_std, dtype=ftype, device=x.device)
+        if inplace and len(self.kept_columns) == x.shape[1] and x.is_floating_point():
+            return x.sub_(mean).div_(std)
         kept = torch.tensor(self.kept_columns, dtype=torch.long, device=x.device)
-        mean = torch.tensor(self.x_mean, dtype=x.dtype, device=x.device)
-        std = torch.tensor(self.x_std, dtype=x.dtype, device=x.device)
-        return (x.index_select(1, kept) - mean) / std
+        out = x.index_select(1, kept)
+        if not out.is_floating_point():
+            out = out.to(ftype)
+        return out.sub_(mean).div_(std)
 
     def transform_y(self, y: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
         """Standardise targets: (y - y_mean) / y_std, any shape."""
