@@ -18,7 +18,6 @@ listing the valid options. Training options default to the method's own
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
@@ -125,11 +124,10 @@ class _GPEstimator(BaseEstimator):
             self.method_reason_ = "given"
             return self.method, get_spec(self.method).resolve(self._options,
                                                               fill_defaults=False)
-        auto.check_options(self._task, self._options)
-        choice = auto.choose_method(self._task, x.shape[0], x.shape[1], num_classes=num_classes)
-        logging.getLogger("gpscale.fit").info("method auto: %s", choice.reason)
+        choice, options = auto.pick(self._task, x.shape[0], x.shape[1],
+                                    num_classes=num_classes, options=self._options)
         self.method_reason_ = choice.reason
-        return choice.method, auto.resolve_options(choice, self._options)
+        return choice.method, options
 
     def _transform_xy(self, x, y):
         if self.transform_ is None:

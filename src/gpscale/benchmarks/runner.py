@@ -126,10 +126,9 @@ def resolve_auto(spec: RunSpec, data: Dataset) -> RunSpec:
     ``data`` (its reason logged on ``gpscale.fit``); any other spec unchanged."""
     if spec.method != AUTO:
         return spec
-    choice = auto.choose_method(data.task, data.num_train, data.num_dims,
-                                num_classes=data.num_classes)
-    logging.getLogger("gpscale.fit").info("method auto: %s", choice.reason)
-    return replace(spec, method=choice.method, options=auto.resolve_options(choice, spec.options))
+    choice, options = auto.pick(data.task, data.num_train, data.num_dims,
+                                num_classes=data.num_classes, options=spec.options)
+    return replace(spec, method=choice.method, options=options)
 
 
 def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:

@@ -42,7 +42,7 @@ from gpscale.methods.options import OptionError
 from gpscale.methods.registry import get_spec
 
 __all__ = ["AUTO", "RULES", "Choice", "choose_method", "candidates", "check_options",
-           "resolve_options",
+           "resolve_options", "pick",
            "available_memory", "EXACT_MAX_N",
            "GRID_MAX_DIMS", "CAGP_MAX_N", "ITERNCGP_MAX_NC"]
 
@@ -172,3 +172,13 @@ def resolve_options(choice: Choice, options: Mapping[str, Any]) -> dict[str, Any
     except OptionError as err:
         raise OptionError(f"method 'auto' chose {choice.method!r} ({choice.reason}): {err}; "
                           "name a method to use these options") from None
+
+
+def pick(task: str, n: int, d: int, *, num_classes: int | None,
+         options: Mapping[str, Any]) -> tuple[Choice, dict[str, Any]]:
+    """What ``gpscale fit`` and the estimators do for ``"auto"``: check ``options``, choose
+    the method, log its reason on ``gpscale.fit`` and type the options for it."""
+    check_options(task, options)
+    choice = choose_method(task, n, d, num_classes=num_classes)
+    log.info("method auto: %s", choice.reason)
+    return choice, resolve_options(choice, options)
