@@ -141,8 +141,17 @@ def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
     return config, config.torch_dtype
 
 
-def plan_text(method: str, config: FitConfig) -> str:
+def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = None) -> str:
     """One line saying how ``method`` will train: budget, schedule, stopping rule."""
+    opts = get_spec(method).resolve(options or {})
+    if "kernel_rounds" in opts:  # IterNCGP: no gradient training, kernel learning or none
+        if not opts["learn_kernel"]:
+            return (f"{method}: conditioning once with a fixed kernel (nothing to train; "
+                    "-o learn_kernel=true learns it on the Laplace evidence)")
+        limit = "" if config.max_time is None else f" or {config.max_time:g} s"
+        return (f"{method}: learning the kernel on the computation-aware Laplace evidence, at "
+                f"most {opts['kernel_rounds']} rounds{limit} of L-BFGS steps and Newton "
+                "restarts (-o learn_kernel=false keeps the pre-fitted kernel)")
     budget = f"{config.epochs} epochs"
     if config.max_time is not None:
         budget += f" or {config.max_time:g} s"
@@ -170,7 +179,7 @@ def run(spec: RunSpec) -> RunResult:
     data = load_data(spec)
     spec = resolve_auto(spec, data)
     config, dtype = fit_config(spec, data.num_train)
-    logging.getLogger("gpscale.fit").info(plan_text(spec.method, config))
+    logging.getLogger("gpscale.fit").info(plan_text(spec.method, config, spec.options))
     x, y = cast((data.x_train, data.y_train), config, data.task)
     x_test = data.x_test.to(dtype)
     callbacks = []

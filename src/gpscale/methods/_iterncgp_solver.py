@@ -29,7 +29,8 @@ from gpscale.linalg.ops import upcast
 from gpscale.linalg.solvers.base import SolverStep
 
 __all__ = [
-    "Belief", "IterativeResidualPolicy", "Recycling", "RegressionProblem", "Stopping",
+    "Belief", "IterNCGPState", "IterativeResidualPolicy", "NewtonStep", "Recycling",
+    "RegressionProblem", "Stopping",
     "empty_belief", "itergp", "residual", "solve", "virtual_solver_run",
 ]
 
@@ -344,3 +345,53 @@ class PreconditionedResidualPolicy:
 
 def _eps(t: Tensor) -> float:
     return float(torch.finfo(t.dtype).eps)
+
+
+@dataclass(frozen=True)
+class NewtonStep:
+    """What one outer iteration did (for monitoring and tests).
+
+    Attributes:
+        step: i (0-based).
+        iterations: inner iterations j run on this step's problem.
+        stopped: why the inner loop stopped (see :func:`~gpscale.methods._iterncgp_solver.itergp`).
+        residual_norm: ‖r_j‖ at the end of the inner loop.
+        relative_change: ‖g_{i+1} − g_i‖ / ‖g_{i+1}‖, g = f − m (outer criterion, §B.2).
+        buffer_size: B after the step (recycled plus new actions).
+        step_size: α of the line search (1: the full step of Alg. 1; 0: rejected).
+        log_joint: Ψ(f_{i+1}) up to a constant (Eq. 2), at the accepted iterate.
+    """
+
+    step: int
+    iterations: int
+    stopped: str
+    residual_norm: float
+    relative_change: float
+    buffer_size: int
+    step_size: float = 1.0
+    log_joint: float = float("nan")
+
+
+@dataclass(frozen=True)
+class IterNCGPState:
+    """Everything IterNCGP computed from the data.
+
+    Attributes:
+        x: (n, d) training inputs.  y: (n,) targets.
+        f: (L, n) final Newton iterate f = m + K v (the approximate mode).
+        v: (L, n) representer weights v_j of the last regression problem.
+        Q: (L, n, B') root of C_j = Q Qᵀ ≈ K̂(f_i)⁻¹.
+        S: (L, n, B) buffered actions.  T: (L, n, B) K S.
+        trace: one :class:`NewtonStep` per outer iteration.
+        converged: the outer criterion was met (else ``max_newton_steps`` ran out).
+    """
+
+    x: Tensor
+    y: Tensor
+    f: Tensor
+    v: Tensor
+    Q: Tensor
+    S: Tensor
+    T: Tensor
+    trace: tuple[NewtonStep, ...]
+    converged: bool

@@ -28,6 +28,7 @@ from gpscale.methods.registry import build
 from gpscale.training.config import FitConfig
 from gpscale.training.fit import condition_only, fit
 from gpscale.training.history import History
+from gpscale.training.laplace import learn_kernel
 from gpscale.training.prefit import fill_prefit_options
 
 __all__ = ["Trained", "build_method", "cast", "train_built", "train_method"]
@@ -83,6 +84,8 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
     x, y = train
     if model.trainable:
         history, state = fit(model, loss_fn, train, config, callbacks, parallel=parallel), None
+    elif getattr(model, "learns_kernel", False):  # IterNCGP: Newton and evidence steps
+        history, state = learn_kernel(model, train, config, callbacks)
     else:
         history, state = condition_only(model, train, callbacks)
     finalize = getattr(model, "finalize", None)
