@@ -345,3 +345,9 @@ def test_json_safe_writes_null_for_non_finite_values():
              "d": "text", "e": None, "f": np.int64(3)}
     assert json.dumps(json_safe(value), allow_nan=False) == (
         '{"a": null, "b": null, "c": [1.0, null], "d": "text", "e": null, "f": 3}')
+
+
+def test_data_file_with_a_method_of_another_task_names_the_task_flag(tmp_path, capsys):
+    data = _train_csv(tmp_path / "train.csv")
+    _fails(capsys, _fit_argv(data, tmp_path / "run", method="iterncgp"), "'iterncgp'",
+           "'regression'", "--task classification")

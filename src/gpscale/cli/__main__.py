@@ -154,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_fit(args: argparse.Namespace) -> int:
     from gpscale.benchmarks.runner import RunSpec, run
     from gpscale.distributed.env import DEFAULT_TIMEOUT, DistributedError
+    from gpscale.methods.registry import get_spec
+
+    if args.data is not None and args.method != "auto":
+        tasks = get_spec(args.method).tasks  # --task defaults to regression for --data
+        if args.task not in tasks:
+            raise ValueError(f"method {args.method!r} does not support task {args.task!r} "
+                             f"(--task of --data, default regression); it supports "
+                             f"{', '.join(tasks)}: pass --task {tasks[0]}")
 
     spec = RunSpec(
         method=args.method, dataset=args.dataset, csv=args.data, target=args.target,
