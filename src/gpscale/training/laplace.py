@@ -31,6 +31,7 @@ from torch import Tensor
 from gpscale.errors import NumericalError
 from gpscale.kernels import kernel_hyperparameters
 from gpscale.training.config import FitConfig
+from gpscale.training.fit import _run_callbacks
 from gpscale.training.history import History
 
 __all__ = ["IMPROVEMENT_TOL", "learn_kernel"]
@@ -64,8 +65,6 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
         RuntimeWarning: when a round's evidence is not finite; the hyperparameters before that
             round are kept (``history.stopped == "non-finite"``) and their state returned.
     """
-    from gpscale.training.fit import _run_callbacks  # the shared callback runner
-
     x, y = data
     plan = model.kernel_learning
     params = [p for p in model.kernel.parameters()]
