@@ -11,11 +11,11 @@ from gpscale.benchmarks import softki
 
 
 def test_quick_run_writes_one_row_per_method(data_root, tmp_path, monkeypatch):
-    """quick=True: Elevators, 1 epoch, m = 32; five finite rows, SVGP-512's speed ratio is 1."""
+    """quick=True: Elevators, 1 epoch, m = 32; six finite rows, SVGP-512's speed ratio is 1."""
     monkeypatch.setenv("GPSCALE_DATA", str(data_root))
     rows = softki.run(tmp_path, quick=True)
     assert [r["label"] for r in rows] == [
-        "SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512", "SoftKI-512-fixed"]
+        "SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512", "SoftKI-512-fixed", "SoftKI-512-ard"]
     for r in rows:
         assert r["dataset"] == "elevators" and r["epochs"] == 1 and r["num_inducing"] == 32
         assert math.isfinite(r["test_rmse"]) and 0 < r["test_rmse"] < 2
@@ -25,7 +25,7 @@ def test_quick_run_writes_one_row_per_method(data_root, tmp_path, monkeypatch):
     assert rows[0]["noise"] != pytest.approx(1e-3, rel=1e-2)  # calibrated after training
     assert rows[0]["paper_rmse"] == 0.389 and rows[3]["paper_time_per_epoch_s"] == 1.11
     with open(tmp_path / "results.csv") as f:
-        assert len(list(csv.DictReader(f))) == 5
+        assert len(list(csv.DictReader(f))) == 6
     assert "QUICK" in (tmp_path / "report.md").read_text()
 
 
@@ -33,10 +33,13 @@ def test_full_plan_follows_the_paper():
     """50 epochs, batch 1024, lr 0.01 (SGPR: full batch, lr 0.1), RBF with one lengthscale."""
     plan = list(softki._plan(False, ("bike",)))
     assert [label for _, label, _ in plan] == [
-        "SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512", "SoftKI-512-fixed"]
+        "SoftKI-512", "SGPR-512", "SVGP-1024", "SVGP-512", "SoftKI-512-fixed", "SoftKI-512-ard"]
     for _, label, spec in plan:
         assert spec.epochs == 50 and spec.split == 0 and spec.max_time == softki.MAX_TIME
-        assert spec.options["kernel"] == "rbf" and spec.options["ard"] is False
+        ard = label == "SoftKI-512-ard"  # the library's default model; the rest the paper's
+        assert spec.options["kernel"] == "rbf" and spec.options["ard"] is ard
+        if label.startswith("SoftKI"):
+            assert spec.options["distance"] == ("relative" if ard else "euclidean")
         assert spec.lr == (0.1 if label == "SGPR-512" else 0.01)
         assert spec.batch_size == (None if label == "SGPR-512" else 1024)
         assert spec.options["num_inducing"] == int(label.split("-")[1])

@@ -123,6 +123,78 @@ def test_weights_translation_invariant_and_finite_in_high_dimension():
     torch.testing.assert_close(W.sum(1), torch.ones(20), **TOL)
 
 
+def _ard_model(distance: str, lengthscale) -> SoftKI:
+    x, y = _data()
+    model = _model(x, y, ard=True, distance=distance)
+    model.kernel.base_kernel.lengthscale = torch.tensor(lengthscale, dtype=x.dtype)
+    return model
+
+
+def test_relative_distance_with_equal_lengthscales_is_the_papers_weights():
+    """distance='relative' (the default) rescales inputs by ℓ relative to rms(1/ℓ): with one
+    shared lengthscale, whatever its value, the weights are Def. 4.1's exactly."""
+    x, _ = _data()
+    for ell in (0.05, 1.0, 30.0):
+        model = _ard_model("relative", [ell] * D)
+        z = model.inducing_points.detach()
+        torch.testing.assert_close(model.weights(x, z), SoftmaxInterpolation()(x, z), **TOL)
+    shared = _model(*_data(), ard=False, lengthscale=0.3)  # one lengthscale, no ARD
+    z = shared.inducing_points.detach()
+    torch.testing.assert_close(shared.weights(x, z), SoftmaxInterpolation()(x, z), **TOL)
+
+
+def test_relative_distance_drops_an_input_with_a_huge_lengthscale():
+    """An input the kernel finds irrelevant (ℓ → ∞) drops out of the weights, as out of K_zz;
+    the Euclidean weights keep it. Scaling every ℓ by a constant changes nothing."""
+    x, _ = _data()
+    model = _ard_model("relative", [0.7, 1.3, 1e9])
+    z = model.inducing_points.detach()
+    W = model.weights(x, z)
+    moved = x.clone()
+    moved[:, 2] = 50 * torch.randn(N, generator=torch.Generator().manual_seed(3), dtype=x.dtype)
+    torch.testing.assert_close(model.weights(moved, z), W, rtol=1e-6, atol=1e-9)
+    euclid = SoftmaxInterpolation()
+    assert float((euclid(moved, z) - euclid(x, z)).abs().max()) > 0.1
+    # dense reference: distances on the first two inputs rescaled to rms(1/ℓ) = 1
+    inv = torch.tensor([1 / 0.7, 1 / 1.3, 0.0], dtype=x.dtype)
+    w = inv / inv.square().mean().sqrt()
+    dist = ((x[:, None, :] - z[None]) * w).square().sum(-1).sqrt()
+    torch.testing.assert_close(W, torch.softmax(-dist, 1), rtol=1e-6, atol=1e-9)
+    scaled = _ard_model("relative", [7.0, 13.0, 1e10])
+    torch.testing.assert_close(scaled.weights(x, z), W, rtol=1e-6, atol=1e-9)
+
+
+def test_lengthscale_distance_divides_by_the_lengthscales():
+    """distance='lengthscale': Euclidean weights of x/ℓ on z/ℓ."""
+    x, _ = _data()
+    ell = torch.tensor([0.5, 2.0, 1.5], dtype=x.dtype)
+    model = _ard_model("lengthscale", ell.tolist())
+    z = model.inducing_points.detach()
+    torch.testing.assert_close(model.weights(x, z), SoftmaxInterpolation()(x / ell, z / ell),
+                               **TOL)
+    assert _ard_model("euclidean", ell.tolist()).distance_scale() is None
+
+
+def test_distance_scaled_weights_pass_gradients_to_the_lengthscales():
+    """The weights are differentiable in ℓ (gradcheck, float64), so training moves them."""
+    x, _ = _data(8)
+    z = torch.randn(4, D, generator=torch.Generator().manual_seed(1), dtype=x.dtype)
+    interp = SoftmaxInterpolation()
+
+    def weights(log_ell):
+        ell = log_ell.exp()
+        return interp(x, z, ell / ell.reciprocal().square().mean().rsqrt())
+
+    log_ell = torch.tensor([0.1, -0.4, 0.7], dtype=x.dtype, requires_grad=True)
+    assert torch.autograd.gradcheck(weights, (log_ell,))
+
+
+def test_unknown_distance_is_an_error():
+    x, y = _data()
+    with pytest.raises(ValueError, match="unknown distance 'cosine'"):
+        _model(x, y, distance="cosine")
+
+
 # --- approximate kernel (§6.3) -----------------------------------------------------------------
 
 def test_kernel_entries_bounded_by_Kzz_and_psd():
@@ -269,6 +341,22 @@ def test_mll_objective_value_and_gradient_match_dense():
     torch.testing.assert_close(value, dense, **TOL)
     for g, g_ref in zip(_grads(model, value), _grads(model, dense), strict=True):
         torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-9)
+
+
+def test_pseudoloss_loss_value_is_the_negative_log_likelihood():
+    """The default objective's value is −log p(y)/n (what a plateau test watches), while its
+    gradient is the pseudoloss's: the surrogate's own value differs from it."""
+    x, y = _data()
+    model = _model(x, y)
+    state = model.condition(x, y, probes=math.sqrt(N) * torch.eye(N))
+    value = model.loss(state)
+    torch.testing.assert_close(value, Dense(model, x, y).nll(), **TOL)
+    assert abs(float((model.pseudoloss(state) - value).detach())) > 1e-3
+    probes = math.sqrt(N) * torch.eye(N)
+    surrogate = model.pseudoloss(model.condition(x, y, probes=probes))
+    for g, g_ref in zip(_grads(model, model.loss(model.condition(x, y, probes=probes))),
+                        _grads(model, surrogate), strict=True):
+        torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=0)
 
 
 def test_pseudoloss_gradient_is_exact_with_complete_probes():

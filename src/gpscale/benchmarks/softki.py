@@ -39,12 +39,17 @@ QUICK = {"dataset": "elevators", "epochs": 1, "num_inducing": 32, "kmeans_max_po
 
 # (label, method, options, training overrides); options get the paper's RBF kernel.
 PLAN: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
-    ("SoftKI-512", "softki", {"num_inducing": 512}, {"lr": 0.01, "batch_size": 1024}),
+    ("SoftKI-512", "softki", {"num_inducing": 512, "distance": "euclidean"},
+     {"lr": 0.01, "batch_size": 1024}),
     ("SGPR-512", "sgpr", {"num_inducing": 512}, {"lr": 0.1}),
     ("SVGP-1024", "svgp", {"num_inducing": 1024}, {"lr": 0.01, "batch_size": 1024}),
     ("SVGP-512", "svgp", {"num_inducing": 512}, {"lr": 0.01, "batch_size": 1024}),
     # The paper's mode: β² stays at its fixed 1e-3 (no calibration after training).
-    ("SoftKI-512-fixed", "softki", {"num_inducing": 512, "calibrate_noise": False},
+    ("SoftKI-512-fixed", "softki", {"num_inducing": 512, "calibrate_noise": False,
+                                     "distance": "euclidean"}, {"lr": 0.01, "batch_size": 1024}),
+    # The library's default model at the paper's schedule: ARD lengthscales, softmax distances
+    # rescaled by them (distance='relative'), calibrated noise.
+    ("SoftKI-512-ard", "softki", {"num_inducing": 512, "ard": True, "distance": "relative"},
      {"lr": 0.01, "batch_size": 1024}),
 )
 
@@ -56,6 +61,8 @@ PAPER_RMSE = {
     "elevators": {"SoftKI-512": 0.389, "SGPR-512": 0.401, "SVGP-1024": 0.389},
     "keggundirected": {"SoftKI-512": 0.115, "SGPR-512": 0.126, "SVGP-1024": 0.127},
 }
+for _paper in PAPER_RMSE.values():  # the ARD variant is held to the paper's SoftKI figure
+    _paper["SoftKI-512-ard"] = _paper["SoftKI-512"]
 PAPER_TIME = {
     "kin40k": {"SoftKI-512": 2.327, "SVGP-512": 2.792, "SVGP-1024": 3.421},
     "protein": {"SoftKI-512": 2.625, "SVGP-512": 3.03, "SVGP-1024": 3.762},
