@@ -189,6 +189,20 @@ def test_distance_scaled_weights_pass_gradients_to_the_lengthscales():
     assert torch.autograd.gradcheck(weights, (log_ell,))
 
 
+def test_learned_temperature_divides_the_distances_and_gets_a_gradient():
+    """learn_temperature: W = softmax(−dist/τ) with τ = exp(log_temperature), trained by the
+    objective; without it the model has no such parameter (older saved models load)."""
+    x, y = _data()
+    model = _model(x, y, ard=False, learn_temperature=True)
+    with torch.no_grad():
+        model.log_temperature.fill_(math.log(0.4))
+    z = model.inducing_points.detach()
+    torch.testing.assert_close(model.weights(x, z), SoftmaxInterpolation(0.4)(x, z), **TOL)
+    (grad,) = torch.autograd.grad(model.loss(model.condition(x, y)), model.log_temperature)
+    assert math.isfinite(float(grad)) and float(grad) != 0.0
+    assert "log_temperature" not in _model(x, y).state_dict()
+
+
 def test_unknown_distance_is_an_error():
     x, y = _data()
     with pytest.raises(ValueError, match="unknown distance 'cosine'"):

@@ -80,6 +80,12 @@ def test_finalize_sets_the_noise_unless_switched_off(generator):
     assert float(model.noise) != before
     off = build("softki", 1, init=(x, y), num_inducing=20, calibrate_noise=False)
     assert off.finalize(x, y) is None and float(off.noise) == pytest.approx(1e-3)
+    # a learned β² (biased by the minibatch objective) is calibrated too, to the same maximiser
+    learned = build("softki", 1, init=(x, y), num_inducing=20, learn_noise=True)
+    with torch.no_grad():
+        learned.log_noise.fill_(math.log(0.5))
+    assert learned.finalize(x, y)["noise_trained"] == pytest.approx(0.5)
+    assert float(learned.noise.detach()) == pytest.approx(float(model.noise), rel=1e-6)
 
 
 def test_calibrated_softki_predicts_the_noise_level():
