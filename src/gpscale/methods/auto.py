@@ -129,8 +129,9 @@ def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
     if n <= CAGP_MAX_N:
         return Choice("cagp-opt", why + f"d = {d} > {GRID_MAX_DIMS} and n ≤ {CAGP_MAX_N:,}: "
                                         "cagp-opt (computation-aware, most accurate here)")
-    # Not softki, although its RMSE leads on the UCI sets: its softmax weights use Euclidean
-    # distances, so inputs that do not matter swamp them (relevant32: it predicts the mean).
+    # Not softki yet: with ARD-scaled softmax distances (session 25) it leads SVGP-512 on the
+    # five UCI sets of its suite and learns relevant32, but its defaults have not been through
+    # the full `bench defaults` suite against SOLVE-GP's.
     return Choice("solvegp", why + f"d = {d} > {GRID_MAX_DIMS} and n > {CAGP_MAX_N:,}: solvegp "
                                    "(minibatch, two inducing sets)")
 
