@@ -113,6 +113,7 @@ from gpscale.methods._common import (
 )
 from gpscale.methods._softki_noise import calibrate_noise as best_noise
 from gpscale.methods._softki_noise import noise_statistics
+from gpscale.methods._softki_weights import DISTANCES, SoftmaxInterpolation, distance_scale
 from gpscale.methods.base import Method, as_dtype, predict_in_chunks
 from gpscale.methods.options import INDUCING_OPTIONS, Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
@@ -122,50 +123,8 @@ __all__ = ["DISTANCES", "OBJECTIVES", "SoftKI", "SoftKIState", "SoftmaxInterpola
            "build_softki"]
 
 OBJECTIVES = ("pseudoloss", "mll")
-DISTANCES = ("relative", "lengthscale", "euclidean")
 PAPER_INIT = math.log(2.0)
 """GPyTorch's initial lengthscale and outputscale (softplus(0)), used by the authors' code."""
-
-
-@dataclass(frozen=True)
-class SoftmaxInterpolation:
-    """Softmax interpolation weights W_ij = softmax_j(−‖x_i − z_j‖₂ / τ) (Def. 4.1, §2.2).
-
-    τ → 0 gives one-hot weights on the nearest point, τ → ∞ uniform weights 1/m.
-
-    Args:
-        temperature: τ > 0 (1 is the paper's definition).
-
-    Example:
-        >>> w = SoftmaxInterpolation()(torch.zeros(2, 3), torch.randn(5, 3))
-        >>> w.shape, bool(torch.allclose(w.sum(1), torch.ones(2)))
-        (torch.Size([2, 5]), True)
-    """
-
-    temperature: float = 1.0
-
-    def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature > 0):
-            raise ValueError(f"temperature must be a positive finite number; got "
-                             f"{self.temperature!r}")
-
-    def __call__(self, x: Tensor, z: Tensor, scale: Tensor | None = None) -> Tensor:
-        """(n, m) weights of x (n, d) on z (m, d); O(n m d). Differentiable in x, z and scale.
-
-        ``scale`` (broadcastable to (d,)): distances are taken between x / scale and z / scale
-        (``None``: plain Euclidean, the paper's).
-        """
-        shift = z.detach().mean(0, keepdim=True)  # distances are translation invariant
-        xs, zs = x - shift, z - shift
-        if scale is not None:
-            scale = scale.reshape(-1).to(xs.dtype)
-            xs, zs = xs / scale, zs / scale
-        sq = (xs.square().sum(-1, keepdim=True) - 2 * xs @ zs.mT
-              + zs.square().sum(-1)[None, :])  # (n, m) ‖x_i − z_j‖²
-        # clamp: rounding can make sq slightly negative; below `tiny` the gradient is 0, not inf
-        dist = sq.clamp_min(torch.finfo(sq.dtype).tiny).sqrt()
-        return torch.softmax(-dist / self.temperature, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -269,21 +228,11 @@ class SoftKI(Method):
         return self.log_noise.exp()
 
     def distance_scale(self) -> Tensor | None:
-        """Per-input divisor of the softmax distances (``None``: Euclidean, the paper's).
-
-        ``'lengthscale'``: the kernel's lengthscales ℓ; ``'relative'``: ℓ · rms(1/ℓ), i.e.
-        the inverse lengthscales rescaled to a root mean square of 1 — the paper's weights when
-        all lengthscales are equal, while an input the kernel finds irrelevant (large ℓ) drops
-        out of the distances as it drops out of K_zz. A learned temperature factor multiplies
-        the divisor.
-        """
+        """Per-input divisor of the softmax distances under ``distance`` (``None``: Euclidean,
+        the paper's), times the learned temperature factor if any
+        (:func:`~gpscale.methods._softki_weights.distance_scale`)."""
         tau = None if self.log_temperature is None else self.log_temperature.exp()
-        if self.distance == "euclidean":
-            return tau
-        ell = _lengthscale(self.kernel)
-        if self.distance == "relative":
-            ell = ell * ell.reciprocal().square().mean().sqrt()
-        return ell if tau is None else ell * tau
+        return distance_scale(self.kernel, self.distance, tau)
 
     def weights(self, x: Tensor, z: Tensor) -> Tensor:
         """W_xz (n, m): the softmax interpolation weights of x on z under :meth:`distance_scale`."""
@@ -429,16 +378,6 @@ def _stacked_qr(G: Tensor, rhs: Tensor, noise: Tensor, chunk_size: int) -> Tenso
         block = torch.cat([G[i:i + chunk_size], rhs[i:i + chunk_size]], 1) * scale
         R = torch.linalg.qr(torch.cat([R, block], 0), mode=mode).R
     return R
-
-
-def _lengthscale(kernel: gpytorch.kernels.Kernel) -> Tensor:
-    """The lengthscale(s) of a stationary kernel, possibly wrapped in a ScaleKernel."""
-    base = getattr(kernel, "base_kernel", kernel)
-    ell = getattr(base, "lengthscale", None)
-    if ell is None:
-        raise ValueError(f"distance scaling needs a kernel with lengthscales; "
-                         f"{type(base).__name__} has none (use distance='euclidean')")
-    return ell.reshape(-1)
 
 
 def _check_options(*, noise: float, objective: str, num_probes: int, chunk_size: int,

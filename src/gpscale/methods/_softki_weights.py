@@ -1,0 +1,89 @@
+"""SoftKI's softmax interpolation weights and the scaling of their distances (notes/003 §2.2).
+
+:class:`SoftmaxInterpolation` is Def. 4.1 with a temperature; :func:`distance_scale` gives the
+per-input divisor that makes the distances follow the kernel's ARD lengthscales (see
+:mod:`gpscale.methods.softki` for why and for the measurements).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gpytorch
+import torch
+from torch import Tensor
+
+__all__ = ["DISTANCES", "SoftmaxInterpolation", "distance_scale"]
+
+DISTANCES = ("relative", "lengthscale", "euclidean")
+
+
+@dataclass(frozen=True)
+class SoftmaxInterpolation:
+    """Softmax interpolation weights W_ij = softmax_j(−‖x_i − z_j‖₂ / τ) (Def. 4.1, §2.2).
+
+    τ → 0 gives one-hot weights on the nearest point, τ → ∞ uniform weights 1/m.
+
+    Args:
+        temperature: τ > 0 (1 is the paper's definition).
+
+    Example:
+        >>> w = SoftmaxInterpolation()(torch.zeros(2, 3), torch.randn(5, 3))
+        >>> w.shape, bool(torch.allclose(w.sum(1), torch.ones(2)))
+        (torch.Size([2, 5]), True)
+    """
+
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature > 0):
+            raise ValueError(f"temperature must be a positive finite number; got "
+                             f"{self.temperature!r}")
+
+    def __call__(self, x: Tensor, z: Tensor, scale: Tensor | None = None) -> Tensor:
+        """(n, m) weights of x (n, d) on z (m, d); O(n m d). Differentiable in x, z and scale.
+
+        ``scale`` (broadcastable to (d,)): distances are taken between x / scale and z / scale
+        (``None``: plain Euclidean, the paper's).
+        """
+        shift = z.detach().mean(0, keepdim=True)  # distances are translation invariant
+        xs, zs = x - shift, z - shift
+        if scale is not None:
+            scale = scale.reshape(-1).to(xs.dtype)
+            xs, zs = xs / scale, zs / scale
+        sq = (xs.square().sum(-1, keepdim=True) - 2 * xs @ zs.mT
+              + zs.square().sum(-1)[None, :])  # (n, m) ‖x_i − z_j‖²
+        # clamp: rounding can make sq slightly negative; below `tiny` the gradient is 0, not inf
+        dist = sq.clamp_min(torch.finfo(sq.dtype).tiny).sqrt()
+        return torch.softmax(-dist / self.temperature, dim=-1)
+
+
+def distance_scale(kernel: gpytorch.kernels.Kernel, distance: str,
+                   temperature: Tensor | None = None) -> Tensor | None:
+    """Per-input divisor of the softmax distances (``None``: Euclidean, the paper's).
+
+    ``'lengthscale'``: the kernel's lengthscales ℓ; ``'relative'``: ℓ · rms(1/ℓ), i.e. the
+    inverse lengthscales rescaled to a root mean square of 1 — the paper's weights when all
+    lengthscales are equal, while an input the kernel finds irrelevant (large ℓ) drops out of
+    the distances as it drops out of K_zz. ``temperature`` (a factor of τ) multiplies it.
+    """
+    if distance not in DISTANCES:
+        raise ValueError(f"unknown distance {distance!r}; valid: {', '.join(DISTANCES)}")
+    if distance == "euclidean":
+        return temperature
+    ell = _lengthscale(kernel)
+    if distance == "relative":
+        ell = ell * ell.reciprocal().square().mean().sqrt()
+    return ell if temperature is None else ell * temperature
+
+
+def _lengthscale(kernel: gpytorch.kernels.Kernel) -> Tensor:
+    """The lengthscale(s) of a stationary kernel, possibly wrapped in a ScaleKernel."""
+    base = getattr(kernel, "base_kernel", kernel)
+    ell = getattr(base, "lengthscale", None)
+    if ell is None:
+        raise ValueError(f"distance scaling needs a kernel with lengthscales; "
+                         f"{type(base).__name__} has none (use distance='euclidean')")
+    return ell.reshape(-1)
