@@ -62,10 +62,11 @@ def model_payload(model: Method, data: tuple[Tensor, Tensor] | None = None) -> d
 
 
 def model_from_payload(payload: dict[str, Any]) -> Method:
-    from gpscale.methods.registry import build
+    from gpscale.methods.registry import build, get_spec
 
+    options = {**get_spec(payload["key"]).saved_defaults, **payload["options"]}
     model = build(payload["key"], payload["num_dims"], task=payload["task"],
-                  num_classes=payload["num_classes"], init=None, **payload["options"])
+                  num_classes=payload["num_classes"], init=None, **options)
     model.to(getattr(torch, payload["dtype"]))
     model.load_state_dict(payload["state_dict"])
     model.eval()

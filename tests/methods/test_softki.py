@@ -10,7 +10,7 @@ import torch
 
 import gpscale.methods.softki  # noqa: F401  (registers the key "softki")
 from gpscale import GPRegressor
-from gpscale.io import load, save
+from gpscale.io import load, model_from_payload, model_payload, save
 from gpscale.kernels import kernel_matrix
 from gpscale.methods import build
 from gpscale.methods.softki import SoftKI, SoftmaxInterpolation, build_softki
@@ -462,6 +462,25 @@ def test_save_load_round_trip(tmp_path):
     torch.testing.assert_close(b.mean, a.mean, **TOL)
     torch.testing.assert_close(b.variance, a.variance, **TOL)
     assert loaded.options == model.options
+
+
+def test_file_saved_before_distances_followed_the_lengthscales_predicts_as_then():
+    """A saved payload without the ``distance`` option (written before it existed, when the
+    weights were Euclidean) reloads with Euclidean weights, not today's default."""
+    x, y = _data()
+    old = build("softki", D, init=(x, y), num_inducing=M, ard=True, distance="euclidean")
+    old.kernel.base_kernel.lengthscale = torch.tensor([0.5, 2.0, 1.0], dtype=x.dtype)
+    payload = model_payload(old, data=(x, y))
+    del payload["options"]["distance"], payload["options"]["learn_temperature"]
+    loaded = model_from_payload(payload)
+    assert loaded.distance == "euclidean"
+    with torch.no_grad():
+        a = old.predict(old.condition(x, y), x[:5]).mean
+        b = loaded.predict(loaded.condition(x, y), x[:5]).mean
+    torch.testing.assert_close(b, a, **TOL)
+    new = model_from_payload(model_payload(build("softki", D, init=(x, y), num_inducing=M),
+                                           data=(x, y)))
+    assert new.distance == "relative"
 
 
 @pytest.mark.parametrize("options, match", [

@@ -16,7 +16,7 @@ so that ``build(key, num_dims, init=None, **model.options)`` rebuilds the same a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -42,6 +42,9 @@ class MethodSpec:
         prefit: the kernel is fixed and a missing ``lengthscale`` / ``outputscale`` comes from
             an SVGP pre-fit that the training harness runs before the build
             (:mod:`gpscale.training.prefit`).
+        saved_defaults: option values a model saved before the option existed was built with
+            (``gpscale.load`` fills them in, so a changed default does not change an old file's
+            predictions).
     """
 
     key: str
@@ -51,6 +54,7 @@ class MethodSpec:
     status: str = "ready"
     options: tuple[Option, ...] = ()
     prefit: bool = False
+    saved_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         names = [o.name for o in self.options]

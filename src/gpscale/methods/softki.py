@@ -488,4 +488,5 @@ register(MethodSpec(
         Option("calibrate_noise", "bool", True, "after training, set β² to the exact "
                "marginal-likelihood maximiser (false: keep the fixed β² as the paper)"),
     ),
+    saved_defaults={"distance": "euclidean"},  # files saved before distances followed ℓ
 ))
