@@ -242,7 +242,7 @@ def _registered() -> dict[str, Any]:
 def _condition(model, train):
     """The model's state on its training data, computed once without gradients."""
     with torch.no_grad():
-        return model.condition(*train)
+        return model.posterior(*train)
 
 
 _ESTIMATORS = {"GPRegressor": GPRegressor, "GPClassifier": GPClassifier}

@@ -42,11 +42,13 @@ _WHAT = {"method": "a saved model", "estimator": "a saved estimator",
          "checkpoint": "a training checkpoint"}
 
 
-def model_payload(model: Method, data: tuple[Tensor, Tensor] | None = None) -> dict[str, Any]:
-    """Everything needed to rebuild ``model`` (and condition it, when it needs data)."""
+def model_payload(model: Method, data: tuple[Tensor, Tensor] | None = None,
+                  summary: Any = None) -> dict[str, Any]:
+    """Everything needed to rebuild ``model`` and its prediction state: the training data it
+    conditions on, or the ``summary`` (``model.summary(state)``) that replaces them."""
     if not hasattr(model, "method_key"):
         raise ValueError("only models built with gpscale.methods.build can be saved")
-    if model.needs_data_for_prediction and data is None:
+    if model.needs_data_for_prediction and data is None and summary is None:
         raise ValueError(f"method {model.method_key!r} conditions on its training data to "
                          "predict; pass data=(x, y) to save it with the model")
     return {
@@ -58,6 +60,7 @@ def model_payload(model: Method, data: tuple[Tensor, Tensor] | None = None) -> d
         "dtype": str(next(iter(model.state_dict().values())).dtype).replace("torch.", ""),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "data": None if data is None else tuple(t.detach().cpu() for t in data),
+        "summary": summary,
     }
 
 
@@ -74,7 +77,8 @@ def model_from_payload(payload: dict[str, Any]) -> Method:
 
 
 def save(obj: Any, path: str | Path, *, data: tuple[Tensor, Tensor] | None = None,
-         transform: dict[str, Any] | None = None, info: dict[str, Any] | None = None) -> Path:
+         transform: dict[str, Any] | None = None, info: dict[str, Any] | None = None,
+         summary: Any = None) -> Path:
     """Save a fitted Method or a fitted gpscale estimator.
 
     Args:
@@ -83,11 +87,15 @@ def save(obj: Any, path: str | Path, *, data: tuple[Tensor, Tensor] | None = Non
         transform: for a Method, ``Standardizer.to_dict()`` of the raw-data transform, so that
             ``gpscale predict`` can take raw features.
         info: free-form JSON-like description (dataset, split, metrics).
+        summary: for a Method that summarises its data (SoftKI, GGP), ``model.summary(state)``
+            of its prediction state: saved instead of ``data``, so the file's size does not
+            grow with n and it predicts without the training set.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(obj, Method):
-        kind, content = "method", {"model": model_payload(obj, data), "transform": transform,
+        kind, content = "method", {"model": model_payload(obj, data, summary),
+                                   "transform": transform,
                                    "info": dict(info or {})}
     elif hasattr(obj, "_to_payload"):
         kind, content = "estimator", obj._to_payload()
@@ -128,6 +136,16 @@ class SavedModel:
     data: tuple[Tensor, Tensor] | None
     transform: dict[str, Any] | None
     info: dict[str, Any]
+    summary: Any = None
+
+    def state(self) -> Any:
+        """The prediction state: from the saved data (``model.posterior``), else from the saved
+        summary (``model.from_summary``), else ``None`` (methods that need neither)."""
+        if self.data is not None:
+            return self.model.posterior(*self.data)
+        if self.summary is not None:
+            return self.model.from_summary(self.summary)
+        return None
 
 
 def load_with_data(path: str | Path) -> SavedModel:
@@ -139,7 +157,7 @@ def load_with_data(path: str | Path) -> SavedModel:
                              "with gpscale.load")
     model = _rebuild(path, lambda: model_from_payload(payload["model"]))
     return SavedModel(model, payload["model"].get("data"), payload.get("transform"),
-                      payload.get("info") or {})
+                      payload.get("info") or {}, payload["model"].get("summary"))
 
 
 def _rebuild(path: str | Path, make: Any) -> Any:

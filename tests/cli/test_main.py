@@ -159,14 +159,19 @@ def test_fit_iterncgp_on_counts_and_classes_without_flags(tmp_path, dataset, met
     assert (out / "model.pt").exists()
 
 
-def test_model_without_data_dependence_is_saved_without_the_training_set(tmp_path, data_root):
-    """SVGP's model.pt carries no training data (its predictive needs none) and predicts the
-    raw test rows with the RMSE fit reported; the exact GP's carries the data it conditions on."""
+@pytest.mark.parametrize("method", ["svgp", "softki"])
+def test_model_without_data_dependence_is_saved_without_the_training_set(tmp_path, data_root,
+                                                                        method):
+    """SVGP's model.pt carries no training data (its predictive needs none), SoftKI's its
+    m-sized posterior instead; each predicts the raw test rows with the RMSE fit reported. The
+    exact GP's carries the data it conditions on."""
     from gpscale.io import load_with_data
 
-    code, out = _fit(tmp_path, method="svgp", epochs="3", name="svgp")
+    code, out = _fit(tmp_path, method=method, epochs="3", name=method)
     assert code == 0
-    assert load_with_data(out / "model.pt").data is None
+    saved = load_with_data(out / "model.pt")
+    assert saved.data is None
+    assert (saved.summary is None) == (method == "svgp")
     code, out_exact = _fit(tmp_path, name="exact")
     assert load_with_data(out_exact / "model.pt").data is not None
     raw = np.loadtxt(gzip.open(data_root / "uci/yacht/data.csv.gz"), delimiter=",")
@@ -180,3 +185,24 @@ def test_model_without_data_dependence_is_saved_without_the_training_set(tmp_pat
     rmse_std = np.sqrt(np.mean((pred - test[:, -1]) ** 2)) / train_y.std(ddof=1)
     reported = json.loads((out / "metrics.json").read_text())["test_rmse"]
     assert rmse_std == pytest.approx(reported, rel=1e-2)
+
+
+def test_predict_streams_chunks_equal_to_one_pass(tmp_path, data_root, capsys):
+    """`gpscale predict` writes chunk by chunk; the rows equal predict_csv's single table."""
+    from gpscale.cli import predict as predict_module
+
+    code, out = _fit(tmp_path, method="softki", epochs="2")
+    raw = np.loadtxt(gzip.open(data_root / "uci/yacht/data.csv.gz"), delimiter=",")
+    path = tmp_path / "rows.csv"
+    np.savetxt(path, raw, delimiter=",")
+    whole = predict_module.predict_csv(out / "model.pt", path, target="-1")
+    parts = list(predict_module.predict_csv_chunks(out / "model.pt", path, target="-1",
+                                                   chunk_rows=50))
+    assert [len(p) for p in parts] == [50] * 6 + [8]
+    joined = predict_module.PredictionTable.concat(parts)
+    for column in ("mean", "std"):  # float32 products may round differently per chunk size
+        np.testing.assert_allclose(joined.columns[column], whole.columns[column], rtol=1e-5)
+    capsys.readouterr()  # fit's metrics
+    assert main(["predict", "--model", str(out / "model.pt"), "--data", str(path),
+                 "--target", "-1"]) == 0
+    assert capsys.readouterr().out.replace("\r\n", "\n") == whole.to_csv().replace("\r\n", "\n")

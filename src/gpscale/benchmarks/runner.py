@@ -171,7 +171,7 @@ def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,
     """Condition on the training data (unless ``state`` is given) and predict at ``x_test``
     without gradients."""
     with torch.no_grad():
-        return model.predict(model.condition(x, y) if state is None else state, x_test)
+        return model.predict(model.posterior(x, y) if state is None else state, x_test)
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -206,7 +206,7 @@ def run(spec: RunSpec) -> RunResult:
         "noise": _noise(pred),
     }
     if spec.out is not None:
-        write_outputs(spec, metrics, history, model, data, (x, y))
+        write_outputs(spec, metrics, history, model, data, (x, y), trained.state)
     return RunResult(metrics, history, model, data)
 
 
@@ -229,7 +229,8 @@ def _noise(pred: Predictive) -> float | None:
 
 
 def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, model: Method,
-           data: Dataset, train: tuple[torch.Tensor, torch.Tensor]) -> None:
+                  data: Dataset, train: tuple[torch.Tensor, torch.Tensor],
+                  state: Any = None) -> None:
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2,
@@ -243,9 +244,12 @@ def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, mode
             "feature_names": feature_names(data), "target_name": data.info.get("target"),
             "target_index": data.info.get("target_index"),
             "num_columns": data.info.get("num_columns")}
-    # Methods whose state needs no data (SVGP, SOLVE-GP's minibatch bound) save none: model.pt
-    # stays O(parameters) and predicts without the training set.
-    save(model, out / "model.pt", data=train if model.needs_data_for_prediction else None,
+    # Methods whose state needs no data (SVGP, SOLVE-GP's minibatch bound) save none, methods
+    # that summarise it (SoftKI's posterior, GGP's statistics) save the summary: model.pt's size
+    # does not grow with n and it predicts without the training set. The rest keep the data.
+    summary = None if state is None else model.summary(state)
+    keep_data = model.needs_data_for_prediction and summary is None
+    save(model, out / "model.pt", data=train if keep_data else None, summary=summary,
          transform=transform, info=info)
     log.info("wrote %s", out)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -25,7 +26,10 @@ from gpscale.data.transforms import Standardizer
 from gpscale.io import load_with_data
 from gpscale.validation import check_x
 
-__all__ = ["PredictionTable", "predict_csv", "read_features"]
+__all__ = ["PredictionTable", "predict_csv", "predict_csv_chunks", "read_features"]
+
+CHUNK_ROWS = 65_536
+"""Test rows per prediction chunk of ``gpscale predict``."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +43,22 @@ class PredictionTable:
 
     def to_csv(self) -> str:
         buf = io.StringIO()
-        writer = csv.writer(buf)
-        writer.writerow(self.columns)
+        self.write(buf)
+        return buf.getvalue()
+
+    def write(self, f: TextIO, header: bool = True) -> None:
+        """Write the rows (and the header row) as CSV to the text stream ``f``."""
+        writer = csv.writer(f)
+        if header:
+            writer.writerow(self.columns)
         for row in zip(*self.columns.values(), strict=True):
             writer.writerow([f"{v:.8g}" if isinstance(v, float | np.floating) else v
                              for v in row])
-        return buf.getvalue()
+
+    @staticmethod
+    def concat(parts: list[PredictionTable]) -> PredictionTable:
+        return PredictionTable({k: np.concatenate([p.columns[k] for p in parts])
+                                for k in parts[0].columns})
 
 
 def read_features(path: str | Path, target: str | None = None, *,
@@ -144,6 +158,14 @@ def predict_csv(model_path: str | Path, csv_path: str | Path,
     Regression returns ``mean`` and ``std`` of y (latent plus noise) in the units of the
     training targets; classification returns ``label`` and one ``p_<class>`` column per class.
     """
+    return PredictionTable.concat(list(predict_csv_chunks(model_path, csv_path, target)))
+
+
+def predict_csv_chunks(model_path: str | Path, csv_path: str | Path, target: str | None = None,
+                       chunk_rows: int = CHUNK_ROWS) -> Iterator[PredictionTable]:
+    """:func:`predict_csv` as tables of at most ``chunk_rows`` rows, in order: the model's
+    predictive of one chunk at a time, so memory beyond the input rows does not grow with
+    their number (``gpscale predict`` writes each chunk as it comes)."""
     saved = load_with_data(model_path)
     info = saved.info
     transform = None if saved.transform is None else Standardizer.from_dict(saved.transform)
@@ -158,8 +180,14 @@ def predict_csv(model_path: str | Path, csv_path: str | Path,
     dtype = (saved.data[0].dtype if saved.data is not None else
              next(p.dtype for p in saved.model.parameters() if p.is_floating_point()))
     with torch.no_grad():
-        state = None if saved.data is None else saved.model.condition(*saved.data)
-        pred = saved.model.predict(state, x.to(dtype))
+        state = saved.state()
+    for start in range(0, x.shape[0], chunk_rows):
+        with torch.no_grad():
+            pred = saved.model.predict(state, x[start:start + chunk_rows].to(dtype))
+        yield _table(pred, saved, transform)
+
+
+def _table(pred: Any, saved: Any, transform: Standardizer | None) -> PredictionTable:
     if pred.probs is not None:
         probs = pred.probs.double().numpy()
         classes = saved.info.get("classes") or list(range(probs.shape[1]))

@@ -14,7 +14,9 @@ import gpytorch
 import torch
 from torch import Tensor
 
-__all__ = ["DISTANCES", "SoftmaxInterpolation", "distance_scale"]
+__all__ = ["DISTANCES", "OBJECTIVES", "SoftmaxInterpolation", "check_options", "distance_scale"]
+
+OBJECTIVES = ("pseudoloss", "mll")
 
 DISTANCES = ("relative", "lengthscale", "euclidean")
 
@@ -87,3 +89,18 @@ def _lengthscale(kernel: gpytorch.kernels.Kernel) -> Tensor:
         raise ValueError(f"distance scaling needs a kernel with lengthscales; "
                          f"{type(base).__name__} has none (use distance='euclidean')")
     return ell.reshape(-1)
+
+
+def check_options(*, noise: float, objective: str, num_probes: int, chunk_size: int,
+                  distance: str = "euclidean") -> None:
+    """Raise a ValueError naming the first invalid SoftKI option."""
+    if distance not in DISTANCES:
+        raise ValueError(f"unknown distance {distance!r}; valid: {', '.join(DISTANCES)}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+    if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise > 0):
+        raise ValueError(f"noise must be a positive finite variance; got {noise!r}")
+    if not isinstance(num_probes, int) or num_probes < 1:
+        raise ValueError(f"num_probes must be an integer ≥ 1; got {num_probes!r}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer ≥ 1; got {chunk_size!r}")

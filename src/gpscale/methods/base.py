@@ -16,7 +16,10 @@ Class attributes describe the method to the training loop, estimators and CLI:
 - ``minibatch``: the loss on a minibatch is an unbiased estimate of the full loss, so the training
   loop may iterate over batches; otherwise every step sees all the data.
 - ``needs_data_for_prediction``: prediction conditions on the training data (exact, SGPR, CaGP),
-  so a saved model must carry it.
+  so a saved model must carry it — unless the method *summarises* its data: :meth:`Method.summary`
+  turns a state into an object whose size does not grow with n (SoftKI: its m-sized posterior;
+  GGP: its sufficient statistics) and :meth:`Method.from_summary` turns it back into a state
+  that predicts identically, so ``model.pt`` holds the summary instead of the data.
 - ``trainable``: the method has parameters to optimise. ``False`` (IterNCGP, SoD-Laplace: fixed
   hyperparameters) means ``condition`` is the whole fit; the runner and the estimators then call
   :func:`gpscale.training.condition_only` instead of ``training.fit``.
@@ -27,6 +30,7 @@ an identical, untrained module; ``gpscale.save``/``gpscale.load`` store it with 
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -35,7 +39,7 @@ from torch import Tensor, nn
 
 from gpscale.distributions import Predictive, concat
 
-__all__ = ["Method", "predict_in_chunks"]
+__all__ = ["Method", "predict_in_chunks", "parameter_digest"]
 
 
 class Method(nn.Module, ABC):
@@ -65,8 +69,37 @@ class Method(nn.Module, ABC):
     def predict(self, state: Any, x_test: Tensor) -> Predictive:
         """Marginal predictive at ``x_test`` (t, d)."""
 
+    def posterior(self, x: Tensor, y: Tensor) -> Any:
+        """The state :meth:`predict` needs, from all training data and without gradients.
+
+        Default :meth:`condition`; a method whose training state holds n-sized parts that
+        prediction does not use (SoftKI's weights and probe solves) returns a smaller one.
+        """
+        with torch.no_grad():
+            return self.condition(x, y)
+
+    def summary(self, state: Any) -> Any | None:
+        """What of ``state`` a saved model keeps instead of its training data, or ``None``
+        when the method must keep the data (the default). Its size must not grow with n."""
+        return None
+
+    def from_summary(self, summary: Any) -> Any:
+        """The prediction state rebuilt from :meth:`summary`'s output."""
+        raise NotImplementedError(f"{type(self).__name__} keeps its training data, no summary")
+
     def extra_repr(self) -> str:
         return f"task={self.task!r}, options={self.options}"
+
+
+def parameter_digest(module: nn.Module) -> str:
+    """SHA-256 of a module's state dict (names, dtypes, shapes, values): a summary computed
+    with one set of parameters is refused by a model holding others."""
+    h = hashlib.sha256()
+    for name, value in sorted(module.state_dict().items()):
+        t = value.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
+        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return h.hexdigest()
 
 
 def predict_in_chunks(predict_chunk, x_test: Tensor, chunk_size: int = 4096) -> Predictive:

@@ -233,6 +233,17 @@ class GGP(Method):
         """−log p(y)/n (module docstring); gradients w.r.t. ℓ, s, σ², μ."""
         return _loss(state).to(self.noise.dtype)
 
+    def summary(self, state: GridState) -> SufficientStatistics:
+        """A saved model keeps the sufficient statistics (O(7^d m + p m), not the data)."""
+        return dataclasses.replace(state.data, gram_csr=None)
+
+    def from_summary(self, summary: SufficientStatistics) -> GridState:
+        """The state from saved statistics: one solve, as :meth:`condition_stats`."""
+        if self.options["wtw_format"] == "csr":
+            summary = dataclasses.replace(summary, gram_csr=summary.gram.to_csr())
+        with torch.no_grad():
+            return self.condition_stats(summary)
+
     def predict(self, state: GridState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
         """Mean and latent variance (``variance`` option: exact per point or LOVE)."""
         stats = state.data

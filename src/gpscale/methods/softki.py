@@ -113,16 +113,22 @@ from gpscale.methods._common import (
 )
 from gpscale.methods._softki_noise import calibrate_noise as best_noise
 from gpscale.methods._softki_noise import noise_statistics
-from gpscale.methods._softki_weights import DISTANCES, SoftmaxInterpolation, distance_scale
-from gpscale.methods.base import Method, as_dtype, predict_in_chunks
+from gpscale.methods._softki_posterior import SoftKIPosterior, stacked_qr, streamed_posterior
+from gpscale.methods._softki_weights import (
+    DISTANCES,
+    OBJECTIVES,
+    SoftmaxInterpolation,
+    check_options,
+    distance_scale,
+)
+from gpscale.methods.base import Method, as_dtype, parameter_digest, predict_in_chunks
 from gpscale.methods.options import INDUCING_OPTIONS, Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
-__all__ = ["DISTANCES", "OBJECTIVES", "SoftKI", "SoftKIState", "SoftmaxInterpolation",
-           "build_softki"]
+__all__ = ["DISTANCES", "OBJECTIVES", "SoftKI", "SoftKIPosterior", "SoftKIState",
+           "SoftmaxInterpolation", "build_softki"]
 
-OBJECTIVES = ("pseudoloss", "mll")
 PAPER_INIT = math.log(2.0)
 """GPyTorch's initial lengthscale and outputscale (softplus(0)), used by the authors' code."""
 
@@ -204,7 +210,7 @@ class SoftKI(Method):
                  calibrate_noise: bool = False, distance: str = "euclidean",
                  learn_temperature: bool = False, options: dict[str, Any] | None = None):
         super().__init__(task="regression", options=options)
-        _check_options(noise=noise, objective=objective, num_probes=num_probes,
+        check_options(noise=noise, objective=objective, num_probes=num_probes,
                        chunk_size=chunk_size, distance=distance)
         self.kernel = kernel
         self.inducing_points = nn.Parameter(inducing_points.clone())
@@ -267,7 +273,7 @@ class SoftKI(Method):
         noise = self.noise
         rhs = torch.cat([r[:, None], probes.to(r.dtype)], 1)  # (n, L + 1)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.objective == "mll"):
-            R_aug = _stacked_qr(G, rhs, noise, self.chunk_size)
+            R_aug = stacked_qr(G, rhs, noise, self.chunk_size)
         m = z.shape[0]
         R, C = R_aug[:m, :m], R_aug[:m, m:]  # C = Qᵀ [r, a] / β
         gammas = torch.linalg.solve_triangular(R, C, upper=True)  # (m, L + 1)
@@ -345,7 +351,36 @@ class SoftKI(Method):
         self.log_noise.data.fill_(math.log(calibrated))
         return {"noise_trained": trained, "noise_calibrated": calibrated}
 
-    def predict(self, state: SoftKIState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
+    def posterior(self, x: Tensor, y: Tensor) -> SoftKIPosterior:
+        """What :meth:`predict` needs, streamed over chunks of (x, y): O(n m²) time, memory
+        O(chunk · m) (:mod:`~gpscale.methods._softki_posterior`); predicts as
+        ``condition(x, y)`` does."""
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y)
+        with torch.no_grad():
+            z = self.inducing_points.detach()
+            U = as_dtype(safe_cholesky(kernel_matrix(self.kernel, upcast(z), upcast(z)),
+                                       name="SoftKI K_zz").mT, z)
+            r = y.to(x.dtype) - self.mean_constant
+            return streamed_posterior(lambda xc: self.weights(xc, z) @ U.mT, x, r, z=z, U=U,
+                                      noise=self.noise.detach(), chunk_size=self.chunk_size,
+                                      digest=parameter_digest(self))
+
+    def summary(self, state: SoftKIPosterior) -> SoftKIPosterior:
+        """A saved model keeps the m-sized posterior of :meth:`posterior` (not the data)."""
+        if not isinstance(state, SoftKIPosterior):
+            raise TypeError("SoftKI summarises the output of model.posterior(x, y); got a "
+                            f"{type(state).__name__}")
+        state.check(parameter_digest(self))
+        return state
+
+    def from_summary(self, summary: SoftKIPosterior) -> SoftKIPosterior:
+        """The posterior back, refused if the model's parameters are not its own."""
+        summary.check(parameter_digest(self))
+        return summary
+
+    def predict(self, state: SoftKIState | SoftKIPosterior, x_test: Tensor,
+                chunk_size: int = 4096) -> Predictive:
         """μ = c + W_*z Uᵀγ and K̂_*z Ĉ⁻¹ K̂_z* = ‖R⁻ᵀ U W_z*‖², in chunks of test points."""
         check_x(x_test, num_dims=self.num_dims, name="x_test")
 
@@ -362,36 +397,6 @@ def _sigma_form(state: SoftKIState, A: Tensor, B: Tensor) -> Tensor:
     """Σ_j A_jᵀ Σ_θ B_j = Σ_j [(WᵀA_j)ᵀ K_zz (WᵀB_j) + β² A_jᵀ B_j] without forming Σ."""
     WA, WB = state.weights.mT @ A, state.weights.mT @ B  # (m, k)
     return (WA * (state.K_zz @ WB)).sum() + state.noise * (A * B).sum()
-
-
-def _stacked_qr(G: Tensor, rhs: Tensor, noise: Tensor, chunk_size: int) -> Tensor:
-    """R of the QR of [[G, rhs] / β ; [I, 0]], accumulated over row chunks (TSQR).
-
-    Returns the (m + k) × (m + k) upper-triangular factor (fewer rows when n + m < m + k);
-    the Q factor is computed (for the backward pass) only when gradients are enabled.
-    """
-    m, k = G.shape[1], rhs.shape[1]
-    mode = "reduced" if torch.is_grad_enabled() else "r"
-    scale = noise.rsqrt()
-    R = torch.cat([torch.eye(m, dtype=G.dtype, device=G.device), G.new_zeros(m, k)], 1)
-    for i in range(0, G.shape[0], chunk_size):
-        block = torch.cat([G[i:i + chunk_size], rhs[i:i + chunk_size]], 1) * scale
-        R = torch.linalg.qr(torch.cat([R, block], 0), mode=mode).R
-    return R
-
-
-def _check_options(*, noise: float, objective: str, num_probes: int, chunk_size: int,
-                   distance: str = "euclidean") -> None:
-    if distance not in DISTANCES:
-        raise ValueError(f"unknown distance {distance!r}; valid: {', '.join(DISTANCES)}")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
-    if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise > 0):
-        raise ValueError(f"noise must be a positive finite variance; got {noise!r}")
-    if not isinstance(num_probes, int) or num_probes < 1:
-        raise ValueError(f"num_probes must be an integer ≥ 1; got {num_probes!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer ≥ 1; got {chunk_size!r}")
 
 
 def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
@@ -439,7 +444,7 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
             noise, number of probes or chunk size.
     """
     check_task_and_init("softki", task, ("regression",), num_dims, init)
-    _check_options(noise=noise, objective=objective, num_probes=num_probes,
+    check_options(noise=noise, objective=objective, num_probes=num_probes,
                    chunk_size=chunk_size, distance=distance)
     weights = SoftmaxInterpolation(temperature)
     ind = inducing_options(init, num_inducing=num_inducing, seed=seed,

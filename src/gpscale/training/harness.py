@@ -77,7 +77,7 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
                 parallel: Any = None, condition: bool = True) -> tuple[History, Any]:
     """Train (or condition) ``model`` on ``train``; returns (history, state).
 
-    ``state`` is ``model.condition(*train)`` after training (``None`` with ``condition=False``,
+    ``state`` is ``model.posterior(*train)`` after training (``None`` with ``condition=False``,
     e.g. for a rank that holds a shard only). ``parallel`` is the data-parallel hook of
     ``training.fit``; its ``all_reduce`` (sum over ranks) is handed to ``finalize``.
     """
@@ -99,7 +99,7 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
     if state is None and condition:
         with torch.no_grad():
             model.eval()
-            state = model.condition(x, y)
+            state = model.posterior(x, y)
     return history, state
 
 
