@@ -8,10 +8,12 @@ place that reads environment variables (``GPSCALE_DATA`` is read by ``gpscale.da
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,6 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "file names are appended (https://... or file:///...)")
     dl.add_argument("--force", action="store_true")
 
+    syn = ds_sub.add_parser("synthesize", help="write a synthetic regression file: a smooth "
+                            "random field on [0, 1]^d plus noise (gpscale.data.writers)")
+    syn.add_argument("--out", required=True, help="the file to write; its extension picks the "
+                     "format: .csv, .csv.gz, .parquet or .npy (target last, named y)")
+    syn.add_argument("--rows", type=int, required=True, help="number of rows")
+    syn.add_argument("--dims", type=int, default=8, help="input columns (default 8)")
+    syn.add_argument("--noise", type=float, default=0.04, help="noise variance (default 0.04)")
+    syn.add_argument("--lengthscale", type=float, default=0.5,
+                     help="the field's RBF lengthscale (default 0.5)")
+    syn.add_argument("--seed", type=int, default=0)
+
     meth = add("methods", help="list method keys, or one method's options")
     meth.add_argument("key", nargs="?", help="a method key: list its options (types, defaults, "
                       "help) and training defaults")
@@ -208,16 +221,21 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from gpscale.cli.predict import predict_csv
+    from gpscale.cli.predict import predict_csv_chunks
 
-    table = predict_csv(args.model, args.data, target=args.target)
-    text = table.to_csv()
+    chunks = predict_csv_chunks(args.model, args.data, target=args.target)
+    first = next(chunks, None)  # errors in the model or the data surface before --out opens
+    out = open(args.out, "w", newline="") if args.out else sys.stdout
+    rows = 0
+    try:
+        for i, table in enumerate(itertools.chain([first] if first else [], chunks)):
+            table.write(out, header=i == 0)
+            rows += len(table)
+    finally:
+        if args.out:
+            out.close()
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-        print(f"wrote {len(table)} predictions to {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+        print(f"wrote {rows} predictions to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -241,6 +259,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_datasets(args: argparse.Namespace) -> int:
     from gpscale.data import download, list_datasets
 
+    if args.action == "synthesize":
+        from gpscale.data.writers import write_field
+
+        tic = time.perf_counter()
+        table = write_field(args.out, args.rows, num_dims=args.dims, noise=args.noise,
+                            lengthscale=args.lengthscale, seed=args.seed)
+        print(f"wrote {table.num_rows:,d} rows x {table.num_dims + 1} columns to {table.path} "
+              f"in {time.perf_counter() - tic:.1f} s; std(y) {table.y_var ** 0.5:.4f}, noise "
+              f"floor (best test RMSE on standardised y) {table.noise_floor:.4f}")
+        return 0
     if args.action == "download":
         path = download(args.name, cache_dir=args.cache_dir, urls=args.base_url,
                         force=args.force)
