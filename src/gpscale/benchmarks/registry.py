@@ -46,6 +46,10 @@ SUITES: dict[str, Suite] = {
         Suite("defaults", "gpscale.benchmarks.defaults",
               "every method with no options (what gpscale fit gives a new user) on Parkinsons, "
               "Elevators, Bike, Protein, Kin40k; classification keys on gmm10 and MNIST"),
+        Suite("scale", "gpscale.benchmarks.scale",
+              "load time, time per epoch, peak memory and prediction of 1e6 points for SVGP, "
+              "SOLVE-GP, SoftKI and GGP at n = 1e5, 1e6, 2e6 (GGP also 1e8: --datasets n100m), "
+              "CaGP-Opt at 4e4"),
         Suite("softki", "gpscale.benchmarks.softki",
               "SoftKI-512 vs SGPR-512, SVGP-1024/512 on Kin40k, Protein, Bike, Elevators, "
               "KEGGu (paper 003 Tables 1-2)"),

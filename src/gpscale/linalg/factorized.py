@@ -151,20 +151,25 @@ def span_lanczos(K, B, noise: float, b0: Tensor, num_iters: int
     p = B(b0)
     norm = (b0 * p).sum().sqrt()
     q, pq = b0 / norm, p / norm
-    Qs, Ps, alphas, betas = [], [], [], []
+    # the Lanczos vectors as rows of preallocated buffers: re-orthogonalising against the first
+    # j + 1 reads a contiguous block (stacking a growing list every step cost O(k² m) copies)
+    Qr = q.new_empty(num_iters, q.shape[0])
+    Pr = q.new_empty(num_iters, q.shape[0])
+    alphas, betas = [], []
     q_prev, b_prev, norm_est = torch.zeros_like(q), 0.0, 0.0
+    k = 0
     for j in range(num_iters):
-        Qs.append(q)
-        Ps.append(pq)
+        Qr[j], Pr[j] = q, pq
+        k = j + 1
         w = K(pq) + noise * q  # A q̂_i, the recurrence applies 𝒜 to q_i (§11.10)
         a = (pq * w).sum()
         alphas.append(a)
         if j == num_iters - 1:
             break
         w = w - a * q - b_prev * q_prev
-        Qm, Pm = torch.stack(Qs, -1), torch.stack(Ps, -1)
+        Qm, Pm = Qr[:k], Pr[:k]
         for _ in range(2):
-            w = w - Qm @ (Pm.T @ w)
+            w = w - Qm.T @ (Pm @ w)
         pw = B(w)
         b = (w * pw).sum().clamp_min(0).sqrt()
         norm_est = max(norm_est, float(a.abs() + b + b_prev))
@@ -175,4 +180,4 @@ def span_lanczos(K, B, noise: float, b0: Tensor, num_iters: int
     from gpscale.linalg.solvers.lanczos import tridiagonal
 
     T = tridiagonal(torch.stack(alphas), torch.stack(betas) if betas else alphas[0].new_zeros(0))
-    return torch.stack(Qs, -1), torch.stack(Ps, -1), T
+    return Qr[:k].T, Pr[:k].T, T
