@@ -102,12 +102,43 @@ def parameter_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
+_PER_POINT = ("mean", "variance", "noise", "probs", "rate")
+
+
 def predict_in_chunks(predict_chunk, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
-    """Apply ``predict_chunk(x_chunk) -> Predictive`` over row chunks of ``x_test`` and join."""
+    """Apply ``predict_chunk(x_chunk) -> Predictive`` over row chunks of ``x_test`` and join.
+
+    The outputs are allocated once, after the first chunk, and each chunk is copied into them:
+    keeping every chunk's small outputs alive between the freed temporaries of the next ones
+    fragments glibc's heap, so that RSS grew by ~3 kB per test point (2.5 GB for SVGP at 10⁶
+    points) although nothing was referenced; with the outputs preallocated the peak memory of
+    prediction does not grow with the number of test points beyond the outputs themselves.
+    """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive; got {chunk_size}")
-    parts = [predict_chunk(x_test[i:i + chunk_size]) for i in range(0, x_test.shape[0], chunk_size)]
-    return parts[0] if len(parts) == 1 else concat(parts)
+    t = x_test.shape[0]
+    first = predict_chunk(x_test[:chunk_size])
+    if t <= chunk_size:
+        return first
+    if first.covariance is not None:  # a joint covariance is not chunked: join as before
+        rest = [predict_chunk(x_test[i:i + chunk_size]) for i in range(chunk_size, t, chunk_size)]
+        return concat([first, *rest])
+    out = {}
+    for name in _PER_POINT:
+        value = getattr(first, name)
+        if value is None or (name == "noise" and value.dim() == 0):
+            out[name] = value
+        else:
+            out[name] = value.new_empty((t, *value.shape[1:]))
+            out[name][:chunk_size] = value
+    del first
+    for i in range(chunk_size, t, chunk_size):
+        part = predict_chunk(x_test[i:i + chunk_size])
+        for name, buf in out.items():
+            if buf is not None and buf.dim() > 0 and buf.shape[0] == t:
+                buf[i:i + chunk_size] = getattr(part, name)
+        del part
+    return Predictive(**out)
 
 
 def as_dtype(x: Tensor, ref: Tensor) -> Tensor:
