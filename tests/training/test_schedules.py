@@ -140,3 +140,47 @@ def test_default_config_has_a_budget_that_explicit_epochs_replace():
         resolve_fit_config("svgp", 10, preset="fast")
     with pytest.raises(ValueError, match="needs a patience"):
         FitConfig(scheduler="plateau")
+
+
+def _counting(loss):
+    calls = []
+
+    def fn(model, x, y):
+        calls.append(x.shape[0])
+        return loss(model, x, y)
+    return fn, calls
+
+
+def test_long_epochs_are_judged_in_windows_and_converge_within_one():
+    """2,000 steps per epoch (> WINDOW_STEPS): a flat loss lowers the lr every 2 windows and
+    converges inside the first epoch, after the steps that took — not after whole epochs."""
+    from gpscale.training.schedules import WINDOW_STEPS
+
+    data = (torch.zeros(2000, 1), torch.zeros(2000))
+    config = FitConfig(lr=0.1, epochs=50, batch_size=1, scheduler="plateau", patience=50,
+                       lr_end_factor=0.01, plateau_factor=0.3, min_delta=1e-3)
+    loss, calls = _counting(constant_loss)
+    history = fit(Quadratic(), loss, data, config)
+    assert history.stopped == "converged" and history.epochs == 1
+    # best at window 1, 2 windows without improvement per reduction: 0.1 → 0.03 → 0.009 →
+    # 0.0027 → (0.00081 < 0.001: converged) = 1 + 2·4 windows
+    assert len(calls) == 9 * WINDOW_STEPS
+
+
+def test_short_epochs_keep_the_test_per_epoch():
+    data = (torch.zeros(100, 1), torch.zeros(100))
+    config = FitConfig(lr=0.1, epochs=50, batch_size=1, scheduler="plateau", patience=50,
+                       lr_end_factor=0.01, plateau_factor=0.3, min_delta=1e-3)
+    history = fit(Quadratic(), constant_loss, data, config)
+    assert history.stopped == "converged" and history.epochs == 9
+
+
+def test_the_budget_ends_a_long_epoch_after_a_window():
+    data = (torch.zeros(5000, 1), torch.zeros(5000))
+    config = FitConfig(lr=0.1, epochs=50, batch_size=1, scheduler="none", max_time=1e-6)
+    loss, calls = _counting(quadratic_loss)
+    history = fit(Quadratic(), loss, data, config)
+    from gpscale.training.schedules import WINDOW_STEPS
+
+    assert history.stopped == "time" and history.epochs == 1
+    assert len(calls) == WINDOW_STEPS

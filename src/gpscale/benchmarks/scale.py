@@ -17,7 +17,8 @@ field for CaGP-Opt (its K(x*, X)S prediction holds X). Columns:
   then 10⁶ fresh test points predicted in chunks, and that phase's peak RSS growth.
 
 ``--datasets`` picks sizes: ``n40k`` (CaGP-Opt), ``n100k``, ``n1m``, ``n2m`` (default: all four)
-and ``n100m`` (GGP only, a 3.2 GB ``.npy``; on request). ``--quick``: 20,000 rows, 10 s budgets.
+and ``n100m`` (GGP only, a 3.2 GB ``.npy``; on request); ``--runs`` picks method keys.
+``--quick``: 20,000 rows, 10 s budgets.
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ def measure(path: str, method: str, field: dict[str, Any], *, max_time: float | 
             "peak_predict_mb": peak_rss_mb() - before}
 
 
-def run(out_dir: Path, *, quick: bool = False,
-        datasets: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """Every (size, method) row of the plan, each in a fresh process; report into ``out_dir``."""
+def run(out_dir: Path, *, quick: bool = False, datasets: tuple[str, ...] | None = None,
+        runs: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """Every (size, method) row of the plan (``runs``: only these method keys), each in a fresh
+    process; report into ``out_dir``."""
     out = Path(out_dir)
     sizes = tuple(datasets or (("quick",) if quick else DEFAULT_SIZES))
     unknown = set(sizes) - set(SIZES) - ({"quick"} if quick else set())
@@ -128,6 +130,8 @@ def run(out_dir: Path, *, quick: bool = False,
     for size in sizes:
         plan = (_plan(("n100k",)) if size == "quick" else _plan((size,)))
         for _, method, field in plan:
+            if runs and method not in runs:
+                continue
             n = 20_000 if size == "quick" else SIZES[size]
             path, floor = _file(out, n, field)
             log.info("scale: %s on %s", method, path.name)

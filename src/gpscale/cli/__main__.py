@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--datasets", help="comma-separated subset of the suite's datasets")
     bench.add_argument("--runs", help="comma-separated subset of the suite's run labels, e.g. "
                        "SoftKI-512,SVGP-512 (suites with labelled runs: softki; "
-                       "iterncgp's MNIST runs)")
+                       "iterncgp's MNIST runs; scale: method keys)")
 
     ds = add("datasets", help="list datasets, or download one")
     ds_sub = ds.add_subparsers(dest="action")

@@ -63,6 +63,10 @@ class _Run:
     start_epoch: int = 1
     time_offset: float = 0.0
     identity: dict[str, Any] | None = None  # what a checkpoint must match (see _identity)
+    deadline: float | None = None  # perf_counter() at which the budget runs out (this epoch)
+    windowed: bool = False  # the plateau test ran on windows of the last epoch
+    converged: bool = False  # a window of the last epoch found convergence
+    out_of_time: bool = False  # the last epoch stopped early at the deadline
 
 
 def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
@@ -126,6 +130,8 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             good = copy.deepcopy(model.state_dict())
             good_optimizer = copy.deepcopy(run.optimizer.state_dict())
             tic = time.perf_counter()
+            run.deadline = (None if config.max_time is None or parallel is not None
+                            else tic + config.max_time - clock)
             fallback = restore_point or (good, good_optimizer)
             loss, err, restarted = _epoch_with_back_off(model, loss_fn, x, y, config, run,
                                                         parallel, epoch, fallback)
@@ -155,8 +161,10 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
                     checkpoint=str(ckpt) if ckpt and ckpt.exists() else None)
             row = {"epoch": epoch, "time_s": clock, "loss": loss,
                    "lr": run.optimizer.param_groups[0]["lr"]}
-            converged = run.scheduler.epoch_end(epoch, loss, clock) == "converged"
-            out_of_time = config.max_time is not None and clock >= config.max_time
+            converged = run.converged or run.scheduler.epoch_end(
+                epoch, loss, clock, windowed=run.windowed) == "converged"
+            out_of_time = run.out_of_time or (config.max_time is not None
+                                              and clock >= config.max_time)
             last = epoch == config.epochs or out_of_time or converged
             _run_callbacks(callbacks, model, epoch, row, final=last)
             history.append(row)
@@ -258,9 +266,18 @@ def _batches(n: int, batch_size: int | None, generator: torch.Generator) -> Iter
 
 def _epoch(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, config: FitConfig,
            run: _Run, parallel: Any = None) -> float:
-    """One pass over the data; returns the mean loss (NaN/inf as soon as one batch is)."""
+    """One pass over the data; returns the mean loss (NaN/inf as soon as one batch is).
+
+    An epoch longer than the schedule's window (one process only) is judged by the plateau
+    test window by window (:mod:`~gpscale.training.schedules`); it ends early when a window
+    finds convergence or the budget's deadline has passed (``run.converged``,
+    ``run.out_of_time``), and the mean is over the steps taken.
+    """
     model.train()
     total, count = 0.0, 0
+    window = run.scheduler.window if parallel is None else None
+    run.windowed, run.converged, run.out_of_time = window is not None, False, False
+    w_total, w_count, steps = 0.0, 0, 0
     batches = _batches if parallel is None else parallel.batches
     for idx in batches(x.shape[0], config.batch_size, run.generator):
         xb, yb = (x, y) if idx is None else (x[idx.to(x.device)], y[idx.to(y.device)])
@@ -270,6 +287,15 @@ def _epoch(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, config: FitC
         rows = xb.shape[0] if parallel is None else parallel.step_rows()  # the global batch
         total += value * rows
         count += rows
+        if window is None:
+            continue
+        w_total, w_count, steps = w_total + value * rows, w_count + rows, steps + 1
+        if steps % window == 0:
+            run.converged = run.scheduler.window_end(w_total / w_count) == "converged"
+            w_total, w_count = 0.0, 0
+            run.out_of_time = run.deadline is not None and time.perf_counter() >= run.deadline
+            if run.converged or run.out_of_time:
+                break
     return total / count
 
 
