@@ -39,7 +39,7 @@ from gpscale.errors import NonFiniteLossError, NumericalError, SavedFileError
 from gpscale.io import read_file, write_file
 from gpscale.training.config import FitConfig
 from gpscale.training.history import History
-from gpscale.training.schedules import Schedule
+from gpscale.training.schedules import BestEpoch, Schedule
 
 __all__ = ["fit", "default_loss", "condition_only"]
 
@@ -126,7 +126,7 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
     history.stopped = "running"
     try:
         restore_point = None  # (model, optimiser) state at the start of the previous epoch
-        best = _Best(config, x.shape[0])
+        best = BestEpoch(config, x.shape[0])
         for epoch in range(run.start_epoch, config.epochs + 1):
             good = copy.deepcopy(model.state_dict())
             good_optimizer = copy.deepcopy(run.optimizer.state_dict())
@@ -167,11 +167,11 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             converged = run.converged or run.scheduler.epoch_end(
                 epoch, loss, clock, windowed=run.windowed) == "converged"
             if run.scheduler.reductions > reductions or converged:
-                best.restore_if_worse(loss, model, run)
+                best.restore_if_worse(loss, model, run.optimizer, run.scheduler)
             out_of_time = run.out_of_time or (config.max_time is not None
                                               and clock >= config.max_time)
             if out_of_time or epoch == config.epochs:
-                best.restore_if_worse(loss, model, run)
+                best.restore_if_worse(loss, model, run.optimizer, run.scheduler)
             last = epoch == config.epochs or out_of_time or converged
             _run_callbacks(callbacks, model, epoch, row, final=last)
             history.append(row)
@@ -215,41 +215,6 @@ def condition_only(model: nn.Module, data: tuple[Tensor, Tensor],
     history.append(row)
     history.stopped = "conditioned"
     return history, state
-
-
-class _Best:
-    """The best full-batch epoch so far, restored when the schedule lowers the learning rate or
-    training ends at a loss worse than it (plateau schedule, one step per epoch only).
-
-    With one step per epoch the epoch's loss is the loss of the parameters it started from, so
-    the best epoch's starting state is exactly the best point seen. Adam can climb out of a good
-    region at a large learning rate: GGP on 9·10⁵ 3-D points reached −0.64 per datum at epoch 31,
-    then rose to +0.27 and the plateau schedule, lowering the rate from there, "converged" at
-    +0.20 (test RMSE 0.265 against 0.130 at 1.8·10⁶ points). Minibatch epoch losses are means
-    over a moving trajectory with sampling noise, so minibatch runs are left as they are.
-    """
-
-    def __init__(self, config: FitConfig, num_train: int):
-        full_batch = config.batch_size is None or config.batch_size >= num_train
-        self.active = config.scheduler == "plateau" and full_batch
-        self.margin = float(config.min_delta)
-        self.loss, self.epoch, self.state = math.inf, 0, None
-
-    def record(self, loss: float, epoch: int, model_state: dict[str, Any],
-               optimizer_state: dict[str, Any]) -> None:
-        if self.active and loss < self.loss:
-            self.loss, self.epoch, self.state = loss, epoch, (model_state, optimizer_state)
-
-    def restore_if_worse(self, loss: float, model: nn.Module, run: _Run) -> None:
-        if not self.active or self.state is None:
-            return
-        if loss <= self.loss + self.margin * max(1.0, abs(self.loss)):
-            return
-        model.load_state_dict(self.state[0])
-        run.optimizer.load_state_dict(self.state[1])
-        run.scheduler.apply()  # keep the schedule's (lowered) learning rate
-        log.info("loss %.6g is worse than epoch %d's %.6g: its parameters restored",
-                 loss, self.epoch, self.loss)
 
 
 def _start(model: nn.Module, params: list[nn.Parameter], config: FitConfig,
