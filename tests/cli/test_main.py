@@ -206,3 +206,29 @@ def test_predict_streams_chunks_equal_to_one_pass(tmp_path, data_root, capsys):
     assert main(["predict", "--model", str(out / "model.pt"), "--data", str(path),
                  "--target", "-1"]) == 0
     assert capsys.readouterr().out.replace("\r\n", "\n") == whole.to_csv().replace("\r\n", "\n")
+
+
+def test_predict_that_fails_midway_leaves_no_output_file(tmp_path, data_root, monkeypatch):
+    """A failure after the first chunk (here: injected) leaves neither a partial --out file nor
+    a temporary one; an existing file of that name keeps its content."""
+    from gpscale.cli import predict as predict_module
+
+    code, out = _fit(tmp_path, method="svgp", epochs="1")
+    raw = np.loadtxt(gzip.open(data_root / "uci/yacht/data.csv.gz"), delimiter=",")
+    path = tmp_path / "rows.csv"
+    np.savetxt(path, raw, delimiter=",")
+    real = predict_module.predict_csv_chunks
+
+    def failing(*args, **kwargs):
+        chunks = real(*args, **kwargs, chunk_rows=50)
+        yield next(chunks)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(predict_module, "predict_csv_chunks", failing)
+    target = tmp_path / "pred.csv"
+    target.write_text("old\n")
+    with pytest.raises(RuntimeError, match="disk full"):
+        main(["predict", "--model", str(out / "model.pt"), "--data", str(path),
+              "--target", "-1", "--out", str(target)])
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.csv", "rows.csv", "run"]

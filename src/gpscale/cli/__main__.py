@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -225,16 +226,23 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     chunks = predict_csv_chunks(args.model, args.data, target=args.target)
     first = next(chunks, None)  # errors in the model or the data surface before --out opens
-    out = open(args.out, "w", newline="") if args.out else sys.stdout
+    # --out is written under a temporary name and renamed when complete: a run that fails
+    # midway leaves no partial file (and an existing file of that name as it was)
+    partial = Path(args.out).with_name(f".{Path(args.out).name}.partial") if args.out else None
+    out = open(partial, "w", newline="") if partial else sys.stdout
     rows = 0
     try:
-        for i, table in enumerate(itertools.chain([first] if first else [], chunks)):
+        for i, table in enumerate(itertools.chain([] if first is None else [first], chunks)):
             table.write(out, header=i == 0)
             rows += len(table)
-    finally:
-        if args.out:
+    except BaseException:
+        if partial:
             out.close()
-    if args.out:
+            partial.unlink(missing_ok=True)
+        raise
+    if partial:
+        out.close()
+        os.replace(partial, args.out)
         print(f"wrote {rows} predictions to {args.out}", file=sys.stderr)
     return 0
 
