@@ -11,7 +11,7 @@ from linear_operator.operators import DenseLinearOperator
 from tests.linalg._matrices import spd, spd_with_spectrum
 
 from gpscale.errors import NumericalError
-from gpscale.linalg.ops import add_jitter, as_matmul, rademacher, safe_cholesky, upcast
+from gpscale.linalg.ops import add_jitter, as_matmul, gram, rademacher, safe_cholesky, upcast
 
 
 def test_safe_cholesky_well_conditioned_needs_no_jitter(generator):
@@ -120,3 +120,10 @@ def test_rademacher_entries_and_reproducibility():
     assert set(Z.unique().tolist()) == {-1.0, 1.0}
     assert abs(Z.mean().item()) < 0.05  # 8000 draws: 4.5 standard deviations
     torch.testing.assert_close(Z, rademacher(1000, 8, generator=torch.Generator().manual_seed(1)))
+
+
+def test_gram_value_and_gradient(generator):
+    """gram(Z) = ZᵀZ; its one-product backward passes gradcheck (batched too)."""
+    Z = torch.randn(2, 7, 3, generator=generator, requires_grad=True)
+    torch.testing.assert_close(gram(Z), Z.mT @ Z, rtol=0, atol=0)
+    assert torch.autograd.gradcheck(gram, (Z,))

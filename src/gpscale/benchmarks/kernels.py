@@ -13,6 +13,10 @@ expansion) and the 2k flops of its share of ``K @ V``, so
 and the hyperparameters) at n = 40,000 in a fresh process (:func:`peak_memory_mb`), next to the
 n² float32 entries a dense kernel matrix would need.
 
+(c) CaGP-Opt's training product K S for block-sparse actions at Protein's size (n = 41,157,
+d = 9, i = 512, float32), forward and backward, for the native row kernels
+(:mod:`gpscale.linalg.native`) and the compiled tiles: the product an epoch is made of.
+
 ``quick=True`` shrinks n (2,000 and 4,000) for a smoke test. Times are the best of 3 runs
 after one warm-up run (the warm-up includes ``torch.compile``); the GEMM rate is the best of
 all GEMM runs, interleaved with the products (the machine may be shared).
@@ -32,6 +36,8 @@ import torch
 from gpscale.benchmarks.memory import peak_memory_mb
 from gpscale.benchmarks.report import write_results
 from gpscale.kernels import kernel_matmul, kernel_matrix, make_kernel
+from gpscale.linalg import native
+from gpscale.linalg.operators.block_sparse import BlockLayout, symmetric_kernel_product
 
 __all__ = ["gemm_gflops", "run"]
 
@@ -122,6 +128,39 @@ def _memory_rows(n: int) -> list[dict[str, Any]]:
     return rows
 
 
+PROTEIN_N, BLOCK_DIMS, BLOCK_ACTIONS = 41_157, 9, 512  # Protein's training set, CaGP's i
+
+
+def _block_sparse_rows(n: int, repeats: int) -> list[dict[str, Any]]:
+    """Forward and backward of the symmetric block-sparse product per backend (best of
+    ``repeats`` after a warm-up, which compiles)."""
+    g = torch.Generator().manual_seed(0)
+    layout = BlockLayout(n, BLOCK_ACTIONS)
+    z = 0.7 * torch.randn(n, BLOCK_DIMS, generator=g, dtype=DTYPE)
+    values = torch.randn(n, generator=g, dtype=DTYPE)
+    products = {"compiled": lambda a, b: symmetric_kernel_product("matern32", a, b, layout,
+                                                                  compiled=True)}
+    if native.available(z):
+        products["native"] = lambda a, b: native.symmetric_block_sparse_product(
+            "matern32", a, b, layout)
+    rows = []
+    for name, product in products.items():
+        log.info("kernels: block-sparse product, %s, n=%d", name, n)
+        best = {"forward": float("inf"), "backward": float("inf")}
+        for _ in range(repeats + 1):  # the first run warms up (compilation)
+            a, b = z.clone().requires_grad_(), values.clone().requires_grad_()
+            start = time.perf_counter()
+            out = product(a, b)
+            middle = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            end = time.perf_counter()
+            best = {"forward": min(best["forward"], middle - start),
+                    "backward": min(best["backward"], end - middle)}
+        rows += [{"measure": f"block-sparse {part}", "backend": name, "n": n, "seconds": t,
+                  "entries_per_s": n * n / t} for part, t in best.items()]
+    return rows
+
+
 def run(out_dir: Path | str, *, quick: bool = False) -> list[dict[str, Any]]:
     """Measure throughput (a) and memory (b); write ``report.md`` etc. into ``out_dir``.
 
@@ -136,12 +175,15 @@ def run(out_dir: Path | str, *, quick: bool = False) -> list[dict[str, Any]]:
     # keeps ru_maxrss across exec), so the parent must not yet hold the dense reference's pages.
     memory = _memory_rows(4_000 if quick else 40_000)
     rows = _throughput_rows(2_000 if quick else 20_000, repeats=1 if quick else 3) + memory
+    rows += _block_sparse_rows(3_000 if quick else PROTEIN_N, repeats=1 if quick else 3)
     notes = (f"Matérn-3/2 ARD with output scale, d = {NUM_DIMS}, k = {NUM_RHS} right-hand sides, "
              "float32, default chunk sizes, torch threads as listed above. roofline = GEMM "
              "flop/s / (2 (k + d)) kernel entries per second (inner product and product "
              "flops per entry, measured fp32 GEMM rate). Memory: peak extra RSS of a fresh "
              "process running forward + backward (incl. inputs, gradients and, for "
              "'compiled', the torch.compile runtime), versus n² float32 entries of a dense "
-             "kernel matrix.")
+             "kernel matrix. Block-sparse: CaGP-Opt's training product K S (i = "
+             f"{BLOCK_ACTIONS} block-sparse actions, d = {BLOCK_DIMS}) forward and backward, "
+             "the native row kernels against the compiled tiles; pairs/s = n² / seconds.")
     write_results(out_dir, "kernels", rows, columns=COLUMNS, notes=notes)
     return rows

@@ -25,6 +25,7 @@ __all__ = [
     "Matmul",
     "add_jitter",
     "as_matmul",
+    "gram",
     "rademacher",
     "safe_cholesky",
     "upcast",
@@ -71,6 +72,24 @@ def upcast(A: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
         dtype: the factorisation dtype.
     """
     return A if A.dtype == dtype else A.to(dtype)
+
+
+class _Gram(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Z: Tensor) -> Tensor:
+        ctx.save_for_backward(Z)
+        return Z.mT @ Z
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (Z,) = ctx.saved_tensors
+        return Z @ (grad + grad.mT)
+
+
+def gram(Z: Float[Tensor, "*b n i"]) -> Float[Tensor, "*b i i"]:
+    """ZᵀZ with a backward of one product, Z̄ = Z (Ḡ + Ḡᵀ) (autograd's ``Z.mT @ Z`` takes two
+    n × i × i products, one per factor)."""
+    return _Gram.apply(Z)
 
 
 def add_jitter(A: Tensor, jitter: Tensor | float) -> Tensor:

@@ -34,8 +34,11 @@ parameters, the loss and the optimiser stay in the training dtype. ``condition``
 of this (it never changes the module), so each call tries the training dtype first: once the
 fallback is needed every epoch costs one wasted float32 product, about 1.5x the float64 epoch.
 
-Cost per loss: CaGP-Opt ≈ n²/2 kernel evaluations (K S with the symmetric block-sparse product,
-no n × n tensor) + O(n i² + i³); CaGP-CG i CG products with K̂ plus K S, O(n² i). Memory O(n i).
+Cost per loss: CaGP-Opt n² kernel evaluations for K S and n² more in its backward (on the CPU
+the native row kernels of :mod:`gpscale.linalg.native`, one pass per row doing all of the row's
+work; elsewhere tiles of the symmetric product, n²/2 evaluations forward and twice n²/2
+backward), no n × n tensor, + O(n i² + i³); CaGP-CG i CG products with K̂ plus K S, O(n² i).
+Memory O(n i).
 
 Deviations and choices (the paper is silent unless stated):
 
@@ -69,7 +72,7 @@ from gpscale.kernels import (
     kernel_matrix,
 )
 from gpscale.linalg.operators.block_sparse import BlockSparseActions
-from gpscale.linalg.ops import Matmul, safe_cholesky, upcast
+from gpscale.linalg.ops import Matmul, gram, safe_cholesky, upcast
 from gpscale.linalg.policies.block_sparse import (
     ACTION_INITS,
     LearnedBlockSparsePolicy,
@@ -226,7 +229,7 @@ class CaGP(Method):
         n = state.residual.shape[0]
         error = state.residual - state.K_S @ as_dtype(state.repr_weights_proj, state.K_S)
         Z = upcast(state.K_S)  # float64: Σ_j K_jj − tr(G⁻¹ZᵀZ) cancels, and 1/σ² amplifies
-        var_sum = state.prior_var_sum - trace_solve(state.cholesky, Z.mT @ Z)
+        var_sum = state.prior_var_sum - trace_solve(state.cholesky, gram(Z))
         noise = upcast(state.noise)
         sq = upcast(error.square().sum())
         return -0.5 * ((sq + var_sum) / noise + n * torch.log(2 * math.pi * noise)) / n

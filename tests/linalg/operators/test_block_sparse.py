@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from tests.linalg._profiles import DENSE
 
 from gpscale.kernels import kernel_block_sparse_matmul, kernel_matrix, make_kernel
 from gpscale.linalg.fused import PROFILES
@@ -14,14 +13,6 @@ from gpscale.linalg.operators.block_sparse import (
     BlockSparseActions,
     symmetric_kernel_product,
 )
-
-DENSE = {
-    "rbf": lambda r: torch.exp(-0.5 * r.square()),
-    "matern12": lambda r: torch.exp(-r),
-    "matern32": lambda r: (1 + math.sqrt(3) * r) * torch.exp(-math.sqrt(3) * r),
-    "matern52": lambda r: (1 + math.sqrt(5) * r + 5 / 3 * r.square())
-    * torch.exp(-math.sqrt(5) * r),
-}
 
 
 def _actions(generator, n=23, i=5):

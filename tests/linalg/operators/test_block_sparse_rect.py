@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from tests.linalg._profiles import DENSE, block_matrix
 
 from gpscale.kernels import (
     kernel_block_sparse_matmul,
@@ -19,21 +18,6 @@ from gpscale.linalg.operators.block_sparse import (
     BlockSparseActions,
 )
 from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
-
-DENSE = {
-    "rbf": lambda r: torch.exp(-0.5 * r.square()),
-    "matern12": lambda r: torch.exp(-r),
-    "matern32": lambda r: (1 + math.sqrt(3) * r) * torch.exp(-math.sqrt(3) * r),
-    "matern52": lambda r: (1 + math.sqrt(5) * r + 5 / 3 * r.square())
-    * torch.exp(-math.sqrt(5) * r),
-}
-
-
-def _block_matrix(values: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
-    """S (n, i) in block order from its definition: S[p, block(p)] = values[p]."""
-    out = torch.zeros(layout.num_points, layout.num_blocks)
-    out[torch.arange(layout.num_points), layout.block_ids()] = values
-    return out
 
 
 def _actions(generator, n=23, i=5):
@@ -54,7 +38,7 @@ def test_rectangular_product_matches_dense(profile, chunk_size, generator):
     layout = BlockLayout(23, 5)
     z, s = torch.randn(23, 3, generator=generator), torch.randn(23, generator=generator)
     z_rows = torch.randn(7, 3, generator=generator)
-    expected = DENSE[profile](torch.cdist(z_rows, z)) @ _block_matrix(s, layout)
+    expected = DENSE[profile](torch.cdist(z_rows, z)) @ block_matrix(s, layout)
     out = rectangular_kernel_product(profile, z_rows, z, s, layout, chunk_size=chunk_size)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
 
@@ -69,7 +53,7 @@ def test_rows_of_z_give_exact_zero_distance_on_their_own_column(chunk_size, gene
                                      chunk_size=chunk_size)
     D = torch.cdist(z, z)
     D.diagonal().zero_()
-    expected = (DENSE["matern12"](D) @ _block_matrix(s, layout))[pos]
+    expected = (DENSE["matern12"](D) @ block_matrix(s, layout))[pos]
     # |z|² ~ 1e7: without the exact zero, φ(√(rounding)) is off by ~1e-5 on the diagonal here
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
 

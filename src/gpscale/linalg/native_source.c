@@ -1,0 +1,230 @@
+/* Row kernels of the block-sparse kernel product Φ S and its adjoint (gpscale.linalg.native).
+ *
+ * Φ_pq = φ(D²_pq), D²_pq = ‖z_p − z_q‖² formed from differences (exact: D²_pp = 0), φ one of
+ * the stationary profiles below. S is block-sparse: column b of S holds the action entries
+ * s_q of the points q of block b, blocks are contiguous ranges of points (block order).
+ *
+ * Every function handles the rows [r0, r1) against all n columns and writes only those rows'
+ * outputs, so that callers run disjoint row ranges in parallel threads without locks. Columns
+ * are processed in chunks of CH points whose inputs (stored transposed, d × n) stay in cache
+ * while the rows pass over them; the loops over a chunk are simple enough for the compiler to
+ * vectorise (-O3 with reassociation but not -ffast-math, whose start-up code would flush
+ * subnormals process-wide; exp is our own inlined polynomial).
+ *
+ * This file is compiled twice, with REAL = float (suffix f32) and REAL = double (f64).
+ */
+#ifndef GPSCALE_NATIVE_COMMON
+#define GPSCALE_NATIVE_COMMON
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define CH 512
+#define CAT2(a, b) a##_##b
+#define CAT(a, b) CAT2(a, b)
+#define FN(name) CAT(name, SFX)
+
+enum { RBF = 0, MATERN12 = 1, MATERN32 = 2, MATERN52 = 3 };
+
+/* e^x for x ≤ 0 in float32, inlined so that the loops calling it vectorise without a call:
+ * x = k ln 2 + r, |r| ≤ ln 2 / 2, e^r by its degree-6 Taylor polynomial (relative error below
+ * 2e-7, about 1.5 float32 ulp), 2^k assembled in the exponent bits. x < −87 gives e^−87. */
+static inline float exp_nonpositive_f32(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float k = __builtin_roundf(x * 1.44269504088896341f);
+    const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
+    float p = 1.0f / 720;
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { float f; int32_t i; } scale = {.i = ((int32_t)k + 127) << 23};
+    return p * scale.f;
+}
+
+/* The same in float64: degree-12 Taylor polynomial (relative error below 2e-16), x < −708 gives
+ * e^−708. */
+static inline double exp_nonpositive_f64(double x) {
+    x = x < -708.0 ? -708.0 : x;
+    const double k = __builtin_round(x * 1.4426950408889634);
+    const double r = (x - k * 0.693145751953125) - k * 1.42860682030941723212e-6;
+    double p = 1.0 / 479001600;
+    const double inverse[11] = {39916800, 3628800, 362880, 40320, 5040, 720, 120, 24, 6, 2, 1};
+    for (int j = 0; j < 11; ++j) p = p * r + 1.0 / inverse[j];
+    p = p * r + 1.0;
+    union { double f; int64_t i; } scale = {.i = ((int64_t)k + 1023) << 52};
+    return p * scale.f;
+}
+#endif
+
+/* D2[q] = ‖zp − z_{c0+q}‖², q < m, for a compile-time d (the loop over d unrolls, the loop
+ * over q vectorises with D2 in registers); ``sqdist`` dispatches on d. */
+static inline __attribute__((always_inline)) void FN(sqdist_d)(
+        int64_t m, const int64_t d, const REAL *zp, const REAL *zT, int64_t n, int64_t c0,
+        REAL *D2) {
+    const REAL *cols = zT + c0;
+    for (int64_t q = 0; q < m; ++q) {
+        REAL acc = 0;
+        for (int64_t k = 0; k < d; ++k) {
+            const REAL diff = zp[k] - cols[k * n + q];
+            acc += diff * diff;
+        }
+        D2[q] = acc;
+    }
+}
+
+/* out[k] = Σ_q w[q] z_{c0+q, k}, k < d, one pass over q for a compile-time d. */
+static inline __attribute__((always_inline)) void FN(weighted_sums_d)(
+        int64_t m, const int64_t d, const REAL *w, const REAL *zT, int64_t n, int64_t c0,
+        REAL *out) {
+    REAL acc[16] = {0};
+    const REAL *cols = zT + c0;
+    for (int64_t q = 0; q < m; ++q)
+        for (int64_t k = 0; k < d; ++k) acc[k] += w[q] * cols[k * n + q];
+    for (int64_t k = 0; k < d; ++k) out[k] = acc[k];
+}
+
+#define DISPATCH_D(call)                                                                     \
+    switch (d) {                                                                             \
+    case 1: call(1); break; case 2: call(2); break; case 3: call(3); break;                  \
+    case 4: call(4); break; case 5: call(5); break; case 6: call(6); break;                  \
+    case 7: call(7); break; case 8: call(8); break; case 9: call(9); break;                  \
+    case 10: call(10); break; case 11: call(11); break; case 12: call(12); break;             \
+    default: generic;                                                                        \
+    }
+
+static void FN(sqdist)(int64_t m, int64_t d, const REAL *zp, const REAL *zT, int64_t n,
+                        int64_t c0, REAL *D2) {
+#define CALL(D) FN(sqdist_d)(m, D, zp, zT, n, c0, D2)
+#define generic                                                                              \
+    do {                                                                                     \
+        for (int64_t q = 0; q < m; ++q) D2[q] = 0;                                           \
+        for (int64_t k = 0; k < d; ++k) {                                                    \
+            const REAL a = zp[k], *col = zT + k * n + c0;                                    \
+            for (int64_t q = 0; q < m; ++q) D2[q] += (a - col[q]) * (a - col[q]);            \
+        }                                                                                    \
+    } while (0)
+    DISPATCH_D(CALL)
+#undef CALL
+#undef generic
+}
+
+static void FN(weighted_sums)(int64_t m, int64_t d, const REAL *w, const REAL *zT, int64_t n,
+                               int64_t c0, REAL *out) {
+#define CALL(D) FN(weighted_sums_d)(m, D, w, zT, n, c0, out)
+#define generic                                                                              \
+    do {                                                                                     \
+        for (int64_t k = 0; k < d; ++k) {                                                    \
+            const REAL *col = zT + k * n + c0;                                               \
+            REAL dot = 0;                                                                    \
+            for (int64_t q = 0; q < m; ++q) dot += w[q] * col[q];                            \
+            out[k] = dot;                                                                    \
+        }                                                                                    \
+    } while (0)
+    DISPATCH_D(CALL)
+#undef CALL
+#undef generic
+}
+
+/* phi[q] = φ(D2[q]); with dphi != NULL also dphi[q] = dφ/dD²(D2[q]) (0 where undefined). */
+static void FN(profile)(int profile, int64_t m, const REAL *D2, REAL *phi, REAL *dphi) {
+    const REAL sqrt3 = (REAL)1.7320508075688772, sqrt5 = (REAL)2.23606797749979;
+    switch (profile) {
+    case RBF:
+        for (int64_t q = 0; q < m; ++q) phi[q] = EXP((REAL)-0.5 * D2[q]);
+        if (dphi)
+            for (int64_t q = 0; q < m; ++q) dphi[q] = (REAL)-0.5 * phi[q];
+        break;
+    case MATERN12:
+        for (int64_t q = 0; q < m; ++q) {
+            const REAL r = SQRT(D2[q]);
+            phi[q] = EXP(-r);
+            if (dphi) dphi[q] = r > 0 ? (REAL)-0.5 * phi[q] / r : (REAL)0;
+        }
+        break;
+    case MATERN32:
+        for (int64_t q = 0; q < m; ++q) {
+            const REAL r = sqrt3 * SQRT(D2[q]);
+            const REAL e = EXP(-r);
+            phi[q] = (1 + r) * e;
+            if (dphi) dphi[q] = (REAL)-1.5 * e;
+        }
+        break;
+    default: /* MATERN52 */
+        for (int64_t q = 0; q < m; ++q) {
+            const REAL r = sqrt5 * SQRT(D2[q]);
+            const REAL e = EXP(-r);
+            phi[q] = (1 + r + r * r / 3) * e;
+            if (dphi) dphi[q] = ((REAL)-5.0 / 6) * (1 + r) * e;
+        }
+    }
+}
+
+/* out[p, b] += Σ_{q ∈ block b} Φ(x_p, z_q) s_q for rows p ∈ [r0, r1).
+ * zr (t × d): the row points; zT (d × n): the column points; s (n); block_start (nb + 1);
+ * block_of (n); out (t × nb). */
+void FN(block_sparse_forward)(int profile, int64_t n, int64_t d, const REAL *zr,
+                              const REAL *zT, const REAL *s, const int64_t *block_start,
+                              const int64_t *block_of, int64_t nb, REAL *out, int64_t r0,
+                              int64_t r1) {
+    REAL D2[CH], phi[CH];
+    for (int64_t c0 = 0; c0 < n; c0 += CH) {
+        const int64_t m = n - c0 < CH ? n - c0 : CH;
+        const int64_t b_first = block_of[c0], b_last = block_of[c0 + m - 1];
+        for (int64_t p = r0; p < r1; ++p) {
+            FN(sqdist)(m, d, zr + p * d, zT, n, c0, D2);
+            FN(profile)(profile, m, D2, phi, NULL);
+            for (int64_t b = b_first; b <= b_last; ++b) {
+                const int64_t lo = (block_start[b] > c0 ? block_start[b] : c0) - c0;
+                const int64_t hi = (block_start[b + 1] < c0 + m ? block_start[b + 1] : c0 + m) - c0;
+                const REAL *sc = s + c0;
+                REAL acc = 0;
+                for (int64_t q = lo; q < hi; ++q) acc += phi[q] * sc[q];
+                out[p * nb + b] += acc;
+            }
+        }
+    }
+}
+
+/* The adjoint of the symmetric product Z = Φ S (rows and columns the same n points) for rows
+ * p ∈ [r0, r1), given Z̄ = gout (n × nb) and its transpose goutT (nb × n):
+ *   s̄_p += Σ_q Φ_pq Z̄[q, b(p)],
+ *   z̄_p += 2 Σ_q Ḡ_pq φ'(D²_pq) (z_p − z_q),  Ḡ_pq = Z̄[p, b(q)] s_q + Z̄[q, b(p)] s_p
+ * (z̄ only with want_z). z (n × d) row-major, zT its transpose; gs (n), gz (n × d). */
+void FN(block_sparse_adjoint)(int profile, int64_t n, int64_t d, const REAL *z,
+                              const REAL *zT, const REAL *s, const int64_t *block_start,
+                              const int64_t *block_of, int64_t nb, const REAL *gout,
+                              const REAL *goutT, int want_z, int64_t r0, int64_t r1, REAL *gs,
+                              REAL *gz) {
+    REAL D2[CH], phi[CH], dphi[CH], w[CH];
+    REAL *dots = malloc((size_t)d * sizeof(REAL));
+    for (int64_t c0 = 0; c0 < n; c0 += CH) {
+        const int64_t m = n - c0 < CH ? n - c0 : CH;
+        const int64_t b_first = block_of[c0], b_last = block_of[c0 + m - 1];
+        const REAL *sc = s + c0;
+        for (int64_t p = r0; p < r1; ++p) {
+            const REAL *zp = z + p * d;
+            FN(sqdist)(m, d, zp, zT, n, c0, D2);
+            FN(profile)(profile, m, D2, phi, want_z ? dphi : NULL);
+            const REAL *a = goutT + block_of[p] * n + c0; /* Z̄[q, b(p)] */
+            REAL acc = 0;
+            for (int64_t q = 0; q < m; ++q) acc += phi[q] * a[q];
+            gs[p] += acc;
+            if (!want_z) continue;
+            const REAL sp = s[p];
+            for (int64_t b = b_first; b <= b_last; ++b) {
+                const int64_t lo = (block_start[b] > c0 ? block_start[b] : c0) - c0;
+                const int64_t hi = (block_start[b + 1] < c0 + m ? block_start[b + 1] : c0 + m) - c0;
+                const REAL g = gout[p * nb + b];
+                for (int64_t q = lo; q < hi; ++q) w[q] = (g * sc[q] + a[q] * sp) * dphi[q];
+            }
+            REAL sw = 0;
+            for (int64_t q = 0; q < m; ++q) sw += w[q];
+            FN(weighted_sums)(m, d, w, zT, n, c0, dots);
+            for (int64_t k = 0; k < d; ++k) gz[p * d + k] += 2 * (zp[k] * sw - dots[k]);
+        }
+    }
+    free(dots);
+}
