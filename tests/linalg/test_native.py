@@ -26,12 +26,23 @@ def _reference(profile, z, s, layout):
     return DENSE[profile](r) @ block_matrix(s, layout)
 
 
+@pytest.fixture(params=["rows", "tiles"])
+def schedule(request, monkeypatch):
+    """'rows': every ordered pair by row ranges; 'tiles': the symmetric schedule (diagonal
+    tiles, then mirrored off-diagonal tiles), forced at small n by shrinking the row ranges."""
+    if request.param == "tiles":
+        monkeypatch.setattr(native, "_ROWS_PER_TASK", 4)
+    return request.param
+
+
 # n = 1,300 spans three 512-column chunks whose edges fall inside blocks; d = 13 takes the
 # generic (not unrolled) distance loop; d = 1 and 3 the unrolled ones.
 @pytest.mark.parametrize("profile", list(DENSE))
 @pytest.mark.parametrize(("n", "d", "i"), [(1300, 3, 17), (600, 1, 600), (700, 13, 3)])
-def test_product_and_gradients_match_dense_float64(profile, n, d, i, generator):
+def test_product_and_gradients_match_dense_float64(profile, n, d, i, generator, schedule):
     """Φ S and the gradients of ⟨W, Φ S⟩ in z and s equal the dense float64 reference."""
+    if schedule == "tiles":
+        assert len(native.symmetric_rounds(n, torch.get_num_threads())) > 1
     layout = BlockLayout(n, i)
     z = (0.6 * torch.randn(n, d, generator=generator)).requires_grad_()
     s = torch.randn(n, generator=generator, requires_grad=True)
@@ -45,7 +56,28 @@ def test_product_and_gradients_match_dense_float64(profile, n, d, i, generator):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
 
 
-def test_gradient_in_values_only(generator):
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_symmetric_rounds_cover_every_pair_once_without_conflicts(threads, monkeypatch):
+    """Each unordered pair of points lies in exactly one tile (a diagonal tile holds its
+    ordered pairs); tiles of one round share no row or column span."""
+    monkeypatch.setattr(native, "_ROWS_PER_TASK", 2)
+    n = 203
+    rounds = native.symmetric_rounds(n, threads)
+    assert len(rounds) == 8 * threads  # the diagonal round and 8·threads − 1 pairings
+    count = torch.zeros(n, n, dtype=torch.int64)
+    for tasks in rounds:
+        used = [(r0, r1) for r0, r1, *_ in tasks] + [(c0, c1) for _, _, c0, c1, m in tasks if m]
+        assert len(used) == len(set(used))  # no span twice in a round
+        for r0, r1, c0, c1, mirror in tasks:
+            count[r0:r1, c0:c1] += 1
+            if mirror:
+                assert r1 <= c0  # disjoint, above the diagonal
+                count[c0:c1, r0:r1] += 1
+    assert torch.equal(count, torch.ones(n, n, dtype=torch.int64))
+    assert all(r0 < r1 and c0 < c1 for tasks in rounds for r0, r1, c0, c1, _ in tasks)
+
+
+def test_gradient_in_values_only(generator, schedule):
     """With z not requiring gradients the adjoint skips z̄ and still returns s̄."""
     layout = BlockLayout(300, 7)
     z, s = torch.randn(300, 2, generator=generator), torch.randn(300, generator=generator)

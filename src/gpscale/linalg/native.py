@@ -8,10 +8,12 @@ functions in ``native_source.c`` instead walk each row against all columns in ca
 chunks and do all of a row's work (distances, profile, block reductions, and in the adjoint the
 action and input gradients) in one pass, never storing a tile.
 
-They compute every ordered pair (n², not the tile path's n²/2 with each off-diagonal tile used
-twice) so that rows are independent: threads take disjoint row ranges and write nothing in
-common. Threads are Python threads (ctypes releases the GIL during the call), as many as
-``torch.get_num_threads()``; no OpenMP runtime is linked.
+Each call handles a tile: a range of rows against a range of columns, and for a tile off the
+diagonal of the symmetric product also its mirror image (each unordered pair evaluated once,
+used for both rows). :func:`symmetric_rounds` orders the tiles in rounds whose tiles share no
+row or column span, so a round runs in parallel without locks; the rectangular product takes
+plain row ranges. Threads are Python threads (ctypes releases the GIL during the call), as many
+as ``torch.get_num_threads()``; no OpenMP runtime is linked.
 
 The library is compiled on first use with the system C compiler (``cc``, ``-O3 -march=native``
 with reassociation) into a per-user cache keyed by the source, the compiler and the CPU's flags, and
@@ -38,7 +40,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["PROFILE_IDS", "available", "block_sparse_forward", "symmetric_block_sparse_product"]
+__all__ = ["PROFILE_IDS", "available", "block_sparse_forward", "symmetric_block_sparse_product",
+           "symmetric_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +113,12 @@ def _build() -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for _, sfx, _, _ in _TYPES.values():
         forward = getattr(library, f"block_sparse_forward_{sfx}")
-        forward.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64]
+        forward.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64,
+                            i64, i64, ctypes.c_int]
         forward.restype = None
         adjoint = getattr(library, f"block_sparse_adjoint_{sfx}")
         adjoint.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr,
-                            ctypes.c_int, i64, i64, ptr, ptr]
+                            ctypes.c_int, i64, i64, i64, i64, ctypes.c_int, ptr, ptr]
         adjoint.restype = None
     return library
 
@@ -143,22 +147,52 @@ def available(t: Tensor | None = None) -> bool:
     return _load() is not None
 
 
-def _run_rows(fn, num_rows: int) -> None:
-    """``fn(r0, r1)`` over row ranges on ``torch.get_num_threads()`` threads."""
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def _run(tasks: list[tuple], fn) -> None:
+    """``fn(*task)`` for every task, on ``torch.get_num_threads()`` threads; returns when all
+    have finished."""
     global _pool
-    threads = max(1, torch.get_num_threads())
-    ranges = [(r, min(r + _ROWS_PER_TASK, num_rows)) for r in range(0, num_rows, _ROWS_PER_TASK)]
-    if threads == 1 or len(ranges) == 1:
-        for r0, r1 in ranges:
-            fn(r0, r1)
+    threads = _threads()
+    if threads == 1 or len(tasks) == 1:
+        for task in tasks:
+            fn(*task)
         return
     with _lock:  # a new pool for another thread count, or in a forked child (no threads)
         if _pool is None or _pool[0] != (threads, os.getpid()):
             _pool = ((threads, os.getpid()),
                      ThreadPoolExecutor(threads, thread_name_prefix="gpscale-native"))
         pool = _pool[1]
-    for future in [pool.submit(fn, r0, r1) for r0, r1 in ranges]:
+    for future in [pool.submit(fn, *task) for task in tasks]:
         future.result()
+
+
+def _row_tasks(num_rows: int, num_cols: int) -> list[tuple[int, int, int, int, int]]:
+    """Row ranges against all columns, no mirroring: (r0, r1, 0, num_cols, 0)."""
+    return [(r, min(r + _ROWS_PER_TASK, num_rows), 0, num_cols, 0)
+            for r in range(0, num_rows, _ROWS_PER_TASK)]
+
+
+def symmetric_rounds(n: int, threads: int) -> list[list[tuple[int, int, int, int, int]]]:
+    """Rounds of tiles (r0, r1, c0, c1, mirror) covering every pair of the symmetric product
+    once, no two tiles of a round sharing a row or a column span (so a round runs in parallel
+    without locks): spans of about n / (8·threads) points; round 0 holds the diagonal tiles
+    (ordered pairs, mirror 0), the others a round-robin pairing of the spans (circle method),
+    each off-diagonal tile computed once and mirrored. Small n: one round of row ranges."""
+    num_spans = 8 * threads
+    if n < 2 * _ROWS_PER_TASK * num_spans:
+        return [_row_tasks(n, n)]
+    bounds = [k * n // num_spans for k in range(num_spans + 1)]  # none empty: n ≥ num_spans
+    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+    rounds = [[(a0, a1, a0, a1, 0) for a0, a1 in spans]]
+    ring = list(range(num_spans))  # num_spans is even: every round pairs all spans
+    for _ in range(num_spans - 1):
+        pairs = [(ring[k], ring[num_spans - 1 - k]) for k in range(num_spans // 2)]
+        rounds.append([(*spans[min(a, b)], *spans[max(a, b)], 1) for a, b in pairs])
+        ring = [ring[0], ring[-1], *ring[1:-1]]
+    return rounds
 
 
 def _layout_arrays(layout, device) -> tuple[Tensor, Tensor]:
@@ -171,9 +205,12 @@ def _fn(name: str, dtype: torch.dtype):
     return getattr(_load(), f"{name}_{_TYPES[dtype][1]}")
 
 
-def block_sparse_forward(profile: str, rows: Tensor, z: Tensor, values: Tensor,
+def block_sparse_forward(profile: str, rows: Tensor | None, z: Tensor, values: Tensor,
                          layout) -> Tensor:
-    """Φ(rows, z) S, (t, i): rows (t, d), z (n, d) in block order, values (n,); no autograd."""
+    """Φ(rows, z) S, (t, i): rows (t, d), z (n, d) in block order, values (n,); no autograd.
+    ``rows=None``: the symmetric product Φ(z, z) S, each off-diagonal tile computed once."""
+    symmetric = rows is None
+    rows = z if symmetric else rows
     rows, z, values = (t.detach().contiguous() for t in (rows, z, values))
     start, block_of = _layout_arrays(layout, z.device)
     zT = z.mT.contiguous()
@@ -181,11 +218,13 @@ def block_sparse_forward(profile: str, rows: Tensor, z: Tensor, values: Tensor,
     forward = _fn("block_sparse_forward", z.dtype)
     pid, (n, d) = PROFILE_IDS[profile], z.shape
 
-    def run(r0: int, r1: int) -> None:
+    def run(r0: int, r1: int, c0: int, c1: int, mirror: int) -> None:
         forward(pid, n, d, rows.data_ptr(), zT.data_ptr(), values.data_ptr(), start.data_ptr(),
-                block_of.data_ptr(), layout.num_blocks, out.data_ptr(), r0, r1)
+                block_of.data_ptr(), layout.num_blocks, out.data_ptr(), r0, r1, c0, c1, mirror)
 
-    _run_rows(run, rows.shape[0])
+    rounds = symmetric_rounds(n, _threads()) if symmetric else [_row_tasks(rows.shape[0], n)]
+    for tasks in rounds:
+        _run(tasks, run)
     return out
 
 
@@ -194,7 +233,7 @@ class _Symmetric(torch.autograd.Function):
     def forward(ctx, z: Tensor, values: Tensor, profile: str, layout):
         ctx.profile, ctx.layout = profile, layout
         ctx.save_for_backward(z, values)
-        return block_sparse_forward(profile, z, z, values, layout)
+        return block_sparse_forward(profile, None, z, values, layout)
 
     @staticmethod
     @once_differentiable
@@ -208,12 +247,13 @@ class _Symmetric(torch.autograd.Function):
         want_z = int(ctx.needs_input_grad[0])
         adjoint, pid = _fn("block_sparse_adjoint", z.dtype), PROFILE_IDS[ctx.profile]
 
-        def run(r0: int, r1: int) -> None:
+        def run(r0: int, r1: int, c0: int, c1: int, mirror: int) -> None:
             adjoint(pid, n, d, z.data_ptr(), zT.data_ptr(), values.data_ptr(), start.data_ptr(),
                     block_of.data_ptr(), layout.num_blocks, gout.data_ptr(), goutT.data_ptr(),
-                    want_z, r0, r1, grad_s.data_ptr(), grad_z.data_ptr())
+                    want_z, r0, r1, c0, c1, mirror, grad_s.data_ptr(), grad_z.data_ptr())
 
-        _run_rows(run, n)
+        for tasks in symmetric_rounds(n, _threads()):
+            _run(tasks, run)
         return (grad_z if want_z else None), grad_s, None, None
 
 

@@ -162,48 +162,77 @@ static void FN(profile)(int profile, int64_t m, const REAL *D2, REAL *phi, REAL 
     }
 }
 
-/* out[p, b] += Σ_{q ∈ block b} Φ(x_p, z_q) s_q for rows p ∈ [r0, r1).
+/* Block sums over the chunk's columns: for each block b meeting [c0, c0 + m), the range
+ * [lo, hi) of chunk positions it covers. */
+#define FOR_BLOCKS_IN_CHUNK(b, lo, hi)                                                       \
+    for (int64_t b = block_of[c0], lo, hi; b <= block_of[c0 + m - 1]                         \
+         && (lo = (block_start[b] > c0 ? block_start[b] : c0) - c0,                           \
+             hi = (block_start[b + 1] < c0 + m ? block_start[b + 1] : c0 + m) - c0, 1);       \
+         ++b)
+
+/* Rows p ∈ [r0, r1) against the columns [cb, ce) (block order):
+ *   out[p, b] += Σ_{q ∈ block b ∩ [cb, ce)} Φ(x_p, z_q) s_q,
+ * and with ``mirror`` (a tile of the symmetric product off its diagonal: row and column points
+ * are the same n points, the two ranges disjoint) also the transposed tile
+ *   out[q, b(p)] += Φ_pq s_p  for q ∈ [cb, ce).
  * zr (t × d): the row points; zT (d × n): the column points; s (n); block_start (nb + 1);
- * block_of (n); out (t × nb). */
+ * block_of (n); out (t × nb) (n × nb with ``mirror``). */
 void FN(block_sparse_forward)(int profile, int64_t n, int64_t d, const REAL *zr,
                               const REAL *zT, const REAL *s, const int64_t *block_start,
                               const int64_t *block_of, int64_t nb, REAL *out, int64_t r0,
-                              int64_t r1) {
-    REAL D2[CH], phi[CH];
-    for (int64_t c0 = 0; c0 < n; c0 += CH) {
-        const int64_t m = n - c0 < CH ? n - c0 : CH;
-        const int64_t b_first = block_of[c0], b_last = block_of[c0 + m - 1];
+                              int64_t r1, int64_t cb, int64_t ce, int mirror) {
+    REAL D2[CH], phi[CH], col[CH];
+    for (int64_t c0 = cb; c0 < ce; c0 += CH) {
+        const int64_t m = ce - c0 < CH ? ce - c0 : CH;
+        const REAL *sc = s + c0;
+        int64_t current = block_of[r0];
+        for (int64_t q = 0; q < m; ++q) col[q] = 0;
         for (int64_t p = r0; p < r1; ++p) {
+            if (mirror && block_of[p] != current) { /* flush the transposed block sums */
+                for (int64_t q = 0; q < m; ++q) {
+                    out[(c0 + q) * nb + current] += col[q];
+                    col[q] = 0;
+                }
+                current = block_of[p];
+            }
             FN(sqdist)(m, d, zr + p * d, zT, n, c0, D2);
             FN(profile)(profile, m, D2, phi, NULL);
-            for (int64_t b = b_first; b <= b_last; ++b) {
-                const int64_t lo = (block_start[b] > c0 ? block_start[b] : c0) - c0;
-                const int64_t hi = (block_start[b + 1] < c0 + m ? block_start[b + 1] : c0 + m) - c0;
-                const REAL *sc = s + c0;
+            FOR_BLOCKS_IN_CHUNK(b, lo, hi) {
                 REAL acc = 0;
                 for (int64_t q = lo; q < hi; ++q) acc += phi[q] * sc[q];
                 out[p * nb + b] += acc;
             }
+            if (mirror) {
+                const REAL sp = s[p];
+                for (int64_t q = 0; q < m; ++q) col[q] += phi[q] * sp;
+            }
         }
+        if (mirror)
+            for (int64_t q = 0; q < m; ++q) out[(c0 + q) * nb + current] += col[q];
     }
 }
 
-/* The adjoint of the symmetric product Z = Φ S (rows and columns the same n points) for rows
- * p ∈ [r0, r1), given Z̄ = gout (n × nb) and its transpose goutT (nb × n):
+/* The adjoint of the symmetric product Z = Φ S (rows and columns the same n points), given
+ * Z̄ = gout (n × nb) and its transpose goutT (nb × n), for the rows p ∈ [r0, r1) against the
+ * columns [cb, ce):
  *   s̄_p += Σ_q Φ_pq Z̄[q, b(p)],
  *   z̄_p += 2 Σ_q Ḡ_pq φ'(D²_pq) (z_p − z_q),  Ḡ_pq = Z̄[p, b(q)] s_q + Z̄[q, b(p)] s_p
- * (z̄ only with want_z). z (n × d) row-major, zT its transpose; gs (n), gz (n × d). */
+ * (z̄ only with want_z), and with ``mirror`` (disjoint ranges, an off-diagonal tile) the
+ * transposed tile's share as well: s̄_q += Φ_pq Z̄[p, b(q)], z̄_q += 2 Ḡ_pq φ' (z_q − z_p).
+ * z (n × d) row-major, zT its transpose; gs (n), gz (n × d). */
 void FN(block_sparse_adjoint)(int profile, int64_t n, int64_t d, const REAL *z,
                               const REAL *zT, const REAL *s, const int64_t *block_start,
                               const int64_t *block_of, int64_t nb, const REAL *gout,
-                              const REAL *goutT, int want_z, int64_t r0, int64_t r1, REAL *gs,
-                              REAL *gz) {
+                              const REAL *goutT, int want_z, int64_t r0, int64_t r1,
+                              int64_t cb, int64_t ce, int mirror, REAL *gs, REAL *gz) {
     REAL D2[CH], phi[CH], dphi[CH], w[CH];
     REAL *dots = malloc((size_t)d * sizeof(REAL));
-    for (int64_t c0 = 0; c0 < n; c0 += CH) {
-        const int64_t m = n - c0 < CH ? n - c0 : CH;
-        const int64_t b_first = block_of[c0], b_last = block_of[c0 + m - 1];
+    REAL *col = mirror && want_z ? malloc((size_t)d * CH * sizeof(REAL)) : NULL;
+    for (int64_t c0 = cb; c0 < ce; c0 += CH) {
+        const int64_t m = ce - c0 < CH ? ce - c0 : CH;
         const REAL *sc = s + c0;
+        if (col)
+            for (int64_t j = 0; j < d * CH; ++j) col[j] = 0;
         for (int64_t p = r0; p < r1; ++p) {
             const REAL *zp = z + p * d;
             FN(sqdist)(m, d, zp, zT, n, c0, D2);
@@ -212,19 +241,30 @@ void FN(block_sparse_adjoint)(int profile, int64_t n, int64_t d, const REAL *z,
             REAL acc = 0;
             for (int64_t q = 0; q < m; ++q) acc += phi[q] * a[q];
             gs[p] += acc;
-            if (!want_z) continue;
             const REAL sp = s[p];
-            for (int64_t b = b_first; b <= b_last; ++b) {
-                const int64_t lo = (block_start[b] > c0 ? block_start[b] : c0) - c0;
-                const int64_t hi = (block_start[b + 1] < c0 + m ? block_start[b + 1] : c0 + m) - c0;
-                const REAL g = gout[p * nb + b];
-                for (int64_t q = lo; q < hi; ++q) w[q] = (g * sc[q] + a[q] * sp) * dphi[q];
+            FOR_BLOCKS_IN_CHUNK(b, lo, hi) {
+                const REAL g = gout[p * nb + b]; /* Z̄[p, b(q)] */
+                if (mirror)
+                    for (int64_t q = lo; q < hi; ++q) gs[c0 + q] += phi[q] * g;
+                if (want_z)
+                    for (int64_t q = lo; q < hi; ++q) w[q] = (g * sc[q] + a[q] * sp) * dphi[q];
             }
+            if (!want_z) continue;
             REAL sw = 0;
             for (int64_t q = 0; q < m; ++q) sw += w[q];
             FN(weighted_sums)(m, d, w, zT, n, c0, dots);
             for (int64_t k = 0; k < d; ++k) gz[p * d + k] += 2 * (zp[k] * sw - dots[k]);
+            if (col)
+                for (int64_t k = 0; k < d; ++k) {
+                    const REAL zk = zp[k], *zc = zT + k * n + c0;
+                    REAL *ck = col + k * CH;
+                    for (int64_t q = 0; q < m; ++q) ck[q] += w[q] * (zc[q] - zk);
+                }
         }
+        if (col)
+            for (int64_t q = 0; q < m; ++q)
+                for (int64_t k = 0; k < d; ++k) gz[(c0 + q) * d + k] += 2 * col[k * CH + q];
     }
+    free(col);
     free(dots);
 }

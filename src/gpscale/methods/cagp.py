@@ -34,11 +34,11 @@ parameters, the loss and the optimiser stay in the training dtype. ``condition``
 of this (it never changes the module), so each call tries the training dtype first: once the
 fallback is needed every epoch costs one wasted float32 product, about 1.5x the float64 epoch.
 
-Cost per loss: CaGP-Opt n² kernel evaluations for K S and n² more in its backward (on the CPU
-the native row kernels of :mod:`gpscale.linalg.native`, one pass per row doing all of the row's
-work; elsewhere tiles of the symmetric product, n²/2 evaluations forward and twice n²/2
-backward), no n × n tensor, + O(n i² + i³); CaGP-CG i CG products with K̂ plus K S, O(n² i).
-Memory O(n i).
+Cost per loss: CaGP-Opt about n²/2 kernel evaluations for K S (the symmetric block-sparse
+product, each off-diagonal pair once) and as many in its backward (on the CPU the native row
+kernels of :mod:`gpscale.linalg.native`, one pass doing all of a pair's work; elsewhere
+compiled tiles, which evaluate each backward tile twice), no n × n tensor, + O(n i² + i³);
+CaGP-CG i CG products with K̂ plus K S, O(n² i). Memory O(n i).
 
 Deviations and choices (the paper is silent unless stated):
 
