@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import warnings
 
@@ -63,3 +65,32 @@ def test_a_background_failure_warns_once_in_the_caller(monkeypatch):
         wrapped(out, sq, sq.mT)
     assert wrapped.failed and wrapped.thread is not None
     torch.testing.assert_close(out, torch.full((2, 3, 3), float(torch.exp(torch.tensor(-1.0)))))
+
+
+_EXIT_DURING_COMPILE = """
+import time, torch
+from gpscale.linalg import fused
+fused.COMPILE_IN_BACKGROUND = True
+def busy_compiler(fn, dynamic):  # a 'compilation' that spends seconds inside torch ops
+    def compiled(*args):
+        stop = time.monotonic() + 3.0
+        while time.monotonic() < stop:
+            torch.ones(2000, 200).unflatten(1, (20, 10)).sum()
+        return fn(*args)
+    return compiled
+wrapped = fused._CompiledFunction(fused._rbf_value, compiler=busy_compiler)
+sq = torch.ones(2, 3, 1)
+wrapped(torch.zeros(2, 3, 3), sq, sq.mT)
+time.sleep(0.2)
+print("done")
+"""
+
+
+def test_the_interpreter_exits_cleanly_while_a_compilation_runs():
+    """Python 3.11 ends a daemon thread that wants the GIL during finalisation with a forced
+    unwind; inside torch's C++ that is std::terminate (SIGABRT, exit −6 after the work was done,
+    seen in data-parallel ranks). The exit must wait for the compiler thread instead."""
+    done = subprocess.run([sys.executable, "-c", _EXIT_DURING_COMPILE], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "done"

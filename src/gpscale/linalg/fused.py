@@ -29,6 +29,7 @@ Cost: :math:`2 n_1 n_2 (k + d)` flops forward plus O(n1 n2) elementwise; twice t
 
 from __future__ import annotations
 
+import atexit
 import math
 import threading
 import warnings
@@ -187,14 +188,27 @@ COMPILE_IN_BACKGROUND = True
 ``False`` compiles on the first call, blocking it (tests of the compiled code, benchmarks)."""
 
 
+_RUNNING: list[threading.Thread] = []
+
+
+@atexit.register
+def _join_compilations() -> None:
+    """At interpreter exit, wait for compiler threads still running. A daemon thread that asks
+    for the GIL during finalisation is ended by a forced unwind, which inside torch's C++ code
+    is ``std::terminate`` (the process aborts after its work is done)."""
+    for thread in _RUNNING:
+        thread.join()
+
+
 class _CompiledFunction:
     """``fn`` compiled with ``torch.compile(dynamic=True)``, falling back to ``fn`` on failure.
 
     With :data:`COMPILE_IN_BACKGROUND` the first call starts the compilation in a daemon thread
     on copies of its arguments and runs ``fn`` itself; calls use the compiled function once the
     thread has finished, so a training run's first epochs do not wait for the compiler (seconds
-    to a minute on a cold cache). The first compilation failure is reported once with a warning
-    (in the calling thread); later calls run ``fn``.
+    to a minute on a cold cache). A process that ends while the thread runs waits for it at
+    exit. The first compilation failure is reported once with a warning (in the calling
+    thread); later calls run ``fn``.
     """
 
     def __init__(self, fn: Callable, compiler: Callable = torch.compile):
@@ -227,6 +241,7 @@ class _CompiledFunction:
             self.thread = threading.Thread(target=self._warm, args=sample, daemon=True,
                                            name=f"gpscale-compile-{self.fn.__name__}")
             self.thread.start()
+            _RUNNING[:] = [t for t in _RUNNING if t.is_alive()] + [self.thread]
         return self.fn(*args)
 
     def _warm(self, *sample: Tensor) -> None:
