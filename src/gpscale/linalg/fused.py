@@ -29,15 +29,14 @@ Cost: :math:`2 n_1 n_2 (k + d)` flops forward plus O(n1 n2) elementwise; twice t
 
 from __future__ import annotations
 
-import atexit
 import math
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
 
+from gpscale.linalg import compile_ahead
 from gpscale.linalg.chunked import ChunkRule
 
 __all__ = ["DEFAULT_ROWS", "DISTANCE_TOLERANCE", "EXACT_DIFF_DIMS", "PROFILES", "TILE_ENTRIES",
@@ -184,86 +183,70 @@ _COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.I
 
 
 COMPILE_IN_BACKGROUND = True
-"""Compile in a background thread while the calls run uncompiled (see :class:`_CompiledFunction`);
-``False`` compiles on the first call, blocking it (tests of the compiled code, benchmarks)."""
-
-
-_RUNNING: list[threading.Thread] = []
-
-
-@atexit.register
-def _join_compilations() -> None:
-    """At interpreter exit, wait for compiler threads still running. A daemon thread that asks
-    for the GIL during finalisation is ended by a forced unwind, which inside torch's C++ code
-    is ``std::terminate`` (the process aborts after its work is done)."""
-    for thread in _RUNNING:
-        thread.join()
+"""Compile ahead in a child process while the calls run uncompiled (see
+:class:`_CompiledFunction`); ``False`` compiles on the first call, blocking it (tests of the
+compiled code, benchmarks)."""
 
 
 class _CompiledFunction:
     """``fn`` compiled with ``torch.compile(dynamic=True)``, falling back to ``fn`` on failure.
 
-    With :data:`COMPILE_IN_BACKGROUND` the first call starts the compilation in a daemon thread
-    on copies of its arguments and runs ``fn`` itself; calls use the compiled function once the
-    thread has finished, so a training run's first epochs do not wait for the compiler (seconds
-    to a minute on a cold cache). A process that ends while the thread runs waits for it at
-    exit. The first compilation failure is reported once with a warning (in the calling
-    thread); later calls run ``fn``.
+    With :data:`COMPILE_IN_BACKGROUND` the first call submits ``fn`` to
+    :mod:`gpscale.linalg.compile_ahead` (a child process fills the on-disk compile caches for
+    arguments like the call's) and runs ``fn`` itself; so do later calls until the child is
+    done, when a call compiles ``fn`` in this process from the warm cache (about a second
+    instead of 5–15 s cold) and uses it from then on. A training run's first epochs do not
+    wait for the compiler, and nothing here runs while torch's process-wide "compiling" flag is
+    set (see the module :mod:`~gpscale.linalg.compile_ahead` for why a thread is not safe). Shapes
+    the compiled code does not cover afterwards run uncompiled rather than recompiling. A
+    compilation failure is reported once with a warning; later calls run ``fn``.
     """
 
-    def __init__(self, fn: Callable, compiler: Callable = torch.compile):
+    def __init__(self, fn: Callable, compiler: Callable = torch.compile,
+                 ahead: Callable = compile_ahead.submit):
         self.fn = fn
         self.compiled = compiler(fn, dynamic=True)
+        self.ahead = ahead
         self.failed = False
         self.ready = False
-        self.error: BaseException | None = None
-        self.thread: threading.Thread | None = None
-        self.grad_mode = True
+        self.job: compile_ahead.Job | None = None
 
     def __call__(self, *args: Tensor):
-        if self.error is not None:
-            self._report(self.error)
-        if not self.failed and (self.ready or not COMPILE_IN_BACKGROUND):
-            try:
-                if not COMPILE_IN_BACKGROUND:
-                    out = self.compiled(*args)
-                else:  # shapes the warm-up did not cover run uncompiled, not recompiled here
-                    with torch.compiler.set_stance("eager_on_recompile"):
-                        out = self.compiled(*args)
-                self.ready = True
-                return out
-            except _COMPILE_ERRORS as exc:
-                self._report(exc)
-        elif not self.failed and self.thread is None:
-            sample = tuple(a.detach().clone().requires_grad_(a.requires_grad)
-                           if isinstance(a, Tensor) else a for a in args)
-            self.grad_mode = torch.is_grad_enabled()  # grad mode is thread-local
-            self.thread = threading.Thread(target=self._warm, args=sample, daemon=True,
-                                           name=f"gpscale-compile-{self.fn.__name__}")
-            self.thread.start()
-            _RUNNING[:] = [t for t in _RUNNING if t.is_alive()] + [self.thread]
+        if self.failed:
+            return self.fn(*args)
+        if self.ready and COMPILE_IN_BACKGROUND:  # covered shapes only: no recompilation here
+            with torch.compiler.set_stance("eager_on_recompile"):
+                return self._try_compiled(args)
+        if self.ready or not COMPILE_IN_BACKGROUND or self._ahead_done(args):
+            return self._try_compiled(args)
         return self.fn(*args)
 
-    def _warm(self, *sample: Tensor) -> None:
-        try:  # under the caller's grad mode (a guard of the compiled code)
-            with torch.set_grad_enabled(self.grad_mode):
-                self.compiled(*sample)
-            self.ready = True
-        except _COMPILE_ERRORS as exc:  # reported by the next call, in the caller's thread
-            self.error = exc
+    def _ahead_done(self, args: tuple) -> bool:
+        if self.job is None:
+            self.job = self.ahead(self.fn, args, torch.is_grad_enabled())
+        else:
+            compile_ahead.poll()
+        return self.job.done
+
+    def _try_compiled(self, args: tuple):
+        try:
+            out = self.compiled(*args)
+        except _COMPILE_ERRORS as exc:
+            self._report(exc)
+            return self.fn(*args)
+        self.ready = True
+        return out
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until a background compilation has finished; whether it is usable."""
-        if self.thread is not None:
-            self.thread.join(timeout)
-        return self.ready
+        """Block until the compile-ahead job has finished; whether it succeeded."""
+        return self.job is not None and compile_ahead.wait(self.job, timeout)
 
     def _report(self, exc: BaseException) -> None:
-        self.failed, self.error = True, None
+        self.failed = True
         warnings.warn(f"torch.compile failed for the fused kernel product "
                       f"({self.fn.__name__}): {type(exc).__name__}: {exc}; falling back "
                       "to the uncompiled fused path (pass backend='eager' or 'fused' to "
-                      "skip compilation)", RuntimeWarning, stacklevel=3)
+                      "skip compilation)", RuntimeWarning, stacklevel=4)
 
 
 _COMPILED: dict[Callable, _CompiledFunction] = {}
@@ -277,7 +260,7 @@ def _compiled(fn: Callable) -> _CompiledFunction:
 
 
 def wait_for_compilation(timeout: float | None = None) -> None:
-    """Block until every background compilation started so far has finished."""
+    """Block until every compile-ahead job started so far has finished."""
     for compiled in _COMPILED.values():
         compiled.wait(timeout)
 
