@@ -4,8 +4,8 @@ Short training (20 epochs) and small inducing sets keep each check fast. Float64
 float32-by-default methods whose predictions on a subset must equal those on the whole set to
 1e-7 (float32 GEMM blocking differs with the batch size). SKI and GGP build a grid over the
 inputs and support d ≤ 3 only; the checks that draw 4–10-dimensional data are expected to fail
-with that clear ValueError. The SVGP classifier's probabilities are Monte Carlo estimates, so
-its two invariance checks are expected to fail too (an open defect: see MC_REASON).
+with that clear ValueError. The SVGP classifier's softmax probabilities are Monte Carlo
+estimates with draws shared by every point, so they pass the order and subset invariance checks.
 """
 
 from __future__ import annotations
@@ -33,16 +33,9 @@ ESTIMATORS = [GPRegressor(method=key, epochs=20, lr=0.1, **SMALL.get(key, {}))
     GPClassifier(method="iterncgp", lengthscale=1.0, outputscale=1.0)]
 
 
-MC_REASON = ("SVGP's softmax class probabilities are Monte Carlo estimates (GPyTorch's "
-             "SoftmaxLikelihood): reordering or subsetting the points changes their draws")
-
-
 def _expected_failures(estimator):
     if estimator.method in ("ski", "ggp"):
         return {name: GRID_REASON for name in GRID_CHECKS}
-    if isinstance(estimator, GPClassifier) and estimator.method == "svgp":
-        return {name: MC_REASON for name in ("check_methods_sample_order_invariance",
-                                             "check_methods_subset_invariance")}
     return {}
 
 

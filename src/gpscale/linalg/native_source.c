@@ -4,9 +4,11 @@
  * the stationary profiles below. S is block-sparse: column b of S holds the action entries
  * s_q of the points q of block b, blocks are contiguous ranges of points (block order).
  *
- * Every function handles the rows [r0, r1) against all n columns and writes only those rows'
- * outputs, so that callers run disjoint row ranges in parallel threads without locks. Columns
- * are processed in chunks of CH points whose inputs (stored transposed, d × n) stay in cache
+ * Every function handles a tile, the rows [r0, r1) against the columns [c0, c1), and writes
+ * only those rows' outputs; with ``mirror`` set (a tile off the diagonal of the symmetric
+ * product) it also accumulates the mirror image into the columns' outputs, so each unordered
+ * pair is evaluated once. Callers run tiles that share no row or column range in parallel
+ * threads without locks (gpscale.linalg.native.symmetric_rounds). Columns are processed in chunks of CH points whose inputs (stored transposed, d × n) stay in cache
  * while the rows pass over them; the loops over a chunk are simple enough for the compiler to
  * vectorise (-O3 with reassociation but not -ffast-math, whose start-up code would flush
  * subnormals process-wide; exp is our own inlined polynomial).

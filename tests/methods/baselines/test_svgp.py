@@ -160,6 +160,25 @@ def test_multiclass_probabilities(three_classes, generator):
                                    atol=2e-2)
 
 
+def test_multiclass_probabilities_do_not_depend_on_the_other_points(three_classes, generator):
+    """The Monte Carlo draws are shared by every point: a point's probabilities are the same
+    whatever else is predicted with it, in which order, and in which chunk (bitwise up to the
+    GEMM blocking of the latent marginals)."""
+    x, y = three_classes
+    model = build("svgp", 2, task="classification", init=(x, y), num_inducing=6)
+    state = model.condition(x, y)
+    with torch.no_grad():
+        model.gp.variational_strategy.base_variational_strategy._variational_distribution \
+            .variational_mean.normal_(generator=generator)
+    x_test = torch.rand(40, 2, generator=generator) * 4 - 2
+    whole = model.predict(state, x_test).probs
+    order = torch.randperm(40, generator=generator)
+    torch.testing.assert_close(model.predict(state, x_test[order]).probs, whole[order])
+    torch.testing.assert_close(model.predict(state, x_test[5:9]).probs, whole[5:9])
+    torch.testing.assert_close(model.predict(state, x_test, chunk_size=7).probs, whole)
+    torch.testing.assert_close(model.predict(state, x_test).probs, whole, rtol=0, atol=0)
+
+
 def test_multiclass_expected_log_lik_on_a_batch_of_c_points(three_classes):
     """A batch of exactly C points gives E_q[log softmax(f)_y], not a transposed sample."""
     x, y = three_classes

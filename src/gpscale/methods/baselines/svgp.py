@@ -22,7 +22,9 @@ p(y_j \mid f_j)]` (analytic for the Gaussian, Gauss–Hermite for the probit, Mo
 
 Predictive: q(f_*) marginals; Gaussian regression adds ``noise`` σ²; binary probabilities are
 GPyTorch's analytic probit marginal Φ(μ/√(1+s²)); softmax probabilities are a Monte Carlo
-average over ``num_likelihood_samples`` draws from a generator seeded with ``seed``.
+average over ``num_likelihood_samples`` draws ε (seeded with ``seed``) shared by every test
+point, f = μ + σ ⊙ ε: a point's probabilities depend on its own marginals only, not on the
+other points in the call, their order or the chunking.
 
 q(v) starts at the whitened prior N(0, I); inducing inputs at k-means centres of the ``init``
 inputs. Cost per step: O(b m² + m³) time (C times for C > 2 classes), O(b m + m²) memory.
@@ -215,16 +217,19 @@ class SVGP(Method):
                 chunk_size: int = 4096) -> Predictive:
         """Marginal predictive at ``x_test`` (t, d); ``state`` is not needed (may be ``None``)."""
         check_x(x_test, num_dims=self.num_dims, name="x_test")
-        generator = torch.Generator(device=x_test.device).manual_seed(self.seed)
+        eps = None
+        if self._softmax:  # one set of draws for every point: a point's probabilities depend
+            generator = torch.Generator(device=x_test.device).manual_seed(self.seed)  # on it only
+            eps = torch.randn((self.settings.num_likelihood_samples, 1, self.num_classes),
+                              generator=generator, device=x_test.device, dtype=x_test.dtype)
 
         def chunk(xc: Tensor) -> Predictive:
-            return self._by_rows(lambda rows: self._predict_rows(xc[rows], generator),
-                                 xc.shape[0])
+            return self._by_rows(lambda rows: self._predict_rows(xc[rows], eps), xc.shape[0])
 
         with self.settings.context(), gpytorch_mode(self, training=False):
             return predict_in_chunks(chunk, x_test, chunk_size)
 
-    def _predict_rows(self, x: Tensor, generator: torch.Generator) -> Predictive:
+    def _predict_rows(self, x: Tensor, eps: Tensor | None) -> Predictive:
         q_f = self.gp(x)
         mean, variance = q_f.mean, q_f.variance
         if self.task == "regression":
@@ -232,8 +237,6 @@ class SVGP(Method):
         if not self._softmax:
             p1 = self.likelihood(q_f).probs  # GPyTorch's analytic probit marginal
             return Predictive(mean, variance, probs=torch.stack([1 - p1, p1], -1))
-        S = self.settings.num_likelihood_samples
-        eps = torch.randn((S, *mean.shape), generator=generator, device=x.device, dtype=x.dtype)
         f = mean + variance.sqrt() * eps  # (S, t, C) draws of the independent marginals
         return Predictive(mean, variance, probs=self.likelihood.forward(f).probs.mean(0))
 
