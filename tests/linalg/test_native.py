@@ -35,10 +35,11 @@ def schedule(request, monkeypatch):
     return request.param
 
 
-# n = 1,300 spans three 512-column chunks whose edges fall inside blocks; d = 13 takes the
-# generic (not unrolled) distance loop; d = 1 and 3 the unrolled ones.
+# n = 1,300 spans three 512-column chunks whose edges fall inside blocks; d = 10 takes the
+# generic (not unrolled) distance loop; d = 1, 3 and 9 (the last) the unrolled ones.
 @pytest.mark.parametrize("profile", list(DENSE))
-@pytest.mark.parametrize(("n", "d", "i"), [(1300, 3, 17), (600, 1, 600), (700, 13, 3)])
+@pytest.mark.parametrize(("n", "d", "i"), [(1300, 3, 17), (600, 1, 600), (700, 10, 3),
+                                           (520, 9, 5)])
 def test_product_and_gradients_match_dense_float64(profile, n, d, i, generator, schedule):
     """Φ S and the gradients of ⟨W, Φ S⟩ in z and s equal the dense float64 reference."""
     if schedule == "tiles":
