@@ -66,13 +66,15 @@ _CHILD: _Child | None = None
 
 def _spec(a: Any) -> tuple:
     if isinstance(a, torch.Tensor):
-        return ("tensor", tuple(a.shape), tuple(a.stride()), a.dtype, a.requires_grad)
+        return ("tensor", tuple(a.shape), tuple(a.stride()), a.dtype, a.requires_grad,
+                str(a.device))
     return ("value", a)
 
 
 def submit(fn: Callable, args: Sequence[Any], grad_mode: bool) -> Job:
-    """Queue ``fn`` to be compiled ahead for arguments like ``args`` (CPU tensors or picklable
-    values) under ``grad_mode``; starts a child if none runs. Returns the job to watch."""
+    """Queue ``fn`` to be compiled ahead for arguments like ``args`` (tensors, whose shape,
+    strides, dtype, device and ``requires_grad`` the child copies, or picklable values) under
+    ``grad_mode``; starts a child if none runs. Returns the job to watch."""
     job = Job(fn, tuple(_spec(a) for a in args), bool(grad_mode), torch.get_default_dtype())
     _PENDING.append(job)
     poll()
@@ -160,10 +162,10 @@ def stop() -> None:
 def _stand_in(spec: tuple) -> Any:
     if spec[0] == "value":
         return spec[1]
-    _, shape, stride, dtype, requires_grad = spec
+    _, shape, stride, dtype, requires_grad, device = spec
     size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
-    storage = (torch.rand(size, dtype=dtype) if dtype.is_floating_point
-               else torch.zeros(size, dtype=dtype))  # values do not matter, only the layout
+    storage = (torch.rand(size, dtype=dtype, device=device) if dtype.is_floating_point
+               else torch.zeros(size, dtype=dtype, device=device))  # only the layout matters
     return storage.as_strided(shape, stride).requires_grad_(requires_grad)
 
 
