@@ -12,7 +12,7 @@ So the work is split: a child interpreter (``python -m gpscale.linalg.compile_ah
 compiles each submitted function on stand-in tensors of the caller's shapes, strides, dtypes
 and grad mode, which fills Inductor's FX-graph and AOT-autograd caches on disk; the caller keeps
 running the uncompiled function and, once the child reports a job done, compiles it itself —
-now from the warm cache (≈ 1 s per function here instead of 5–15 s). One child runs at a time;
+now from the warm cache (1–2 s per function here instead of 5–20 s cold). One child runs at a time;
 jobs submitted meanwhile go to the next one. A child still running when the caller exits is
 killed. Nothing in the calling process ever sees ``is_compiling()``.
 """

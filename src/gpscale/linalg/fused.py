@@ -194,8 +194,8 @@ class _CompiledFunction:
     With :data:`COMPILE_IN_BACKGROUND` the first call submits ``fn`` to
     :mod:`gpscale.linalg.compile_ahead` (a child process fills the on-disk compile caches for
     arguments like the call's) and runs ``fn`` itself; so do later calls until the child is
-    done, when a call compiles ``fn`` in this process from the warm cache (about a second
-    instead of 5–15 s cold) and uses it from then on. A training run's first epochs do not
+    done, when a call compiles ``fn`` in this process from the warm cache (1–2 s per
+    function instead of 5–20 s cold) and uses it from then on. A training run's first epochs do not
     wait for the compiler, and nothing here runs while torch's process-wide "compiling" flag is
     set (see the module :mod:`~gpscale.linalg.compile_ahead` for why a thread is not safe). Shapes
     the compiled code does not cover afterwards run uncompiled rather than recompiling. A
