@@ -48,6 +48,7 @@ __all__ = [
     "BACKENDS",
     "KERNELS",
     "KernelHyperparameters",
+    "dense_kernel_matrix",
     "kernel_block_sparse_matmul",
     "kernel_block_sparse_rect_matmul",
     "kernel_diag",
@@ -96,6 +97,33 @@ def make_kernel(name: str = "matern32", num_dims: int = 1, *, ard: bool = True,
 def kernel_matrix(kernel: Kernel, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """Dense kernel matrix K(x1, x2) as a plain tensor (n1, n2)."""
     return kernel(x1, x2).to_dense()
+
+
+def dense_kernel_matrix(kernel: Kernel, x: Float[Tensor, "n d"],
+                        rows: int = 512) -> Float[Tensor, "n n"]:
+    """K(x, x) as a plain (n, n) tensor, without gradients, built block of rows by block.
+
+    For the kernels :func:`kernel_hyperparameters` recognises the blocks come from the fused
+    distance-and-profile functions written straight into the result (one pass at about the cost
+    of one matrix-free product); other kernels go through GPyTorch a block at a time. Only the
+    result (n² entries) is held, never a second n × n temporary.
+    """
+    hp = kernel_hyperparameters(kernel)
+    n = x.shape[-2]
+    with torch.no_grad():
+        if hp is None or x.dim() != 2 or hp.outputscale.dim() != 0:
+            return torch.cat([kernel_matrix(kernel, x[r:r + rows], x)
+                              for r in range(0, n, rows)], dim=-2)
+        z1, z2, _, _ = _scaled_inputs(hp, x, x, x[:, :1])
+        z1, z2, exact = _exact_last(z1, z2)
+        value = fused.PROFILES[hp.profile][0]
+        sq = fused.sq_norms(z2, exact)  # (1, n)
+        K = x.new_empty(n, n)
+        for r in range(0, n, rows):
+            block = K[r:r + rows].unsqueeze(0)  # (1, c, n), a view written in place
+            fused.inner_products(z1[:, r:r + rows], z2, block, exact)
+            value(block, sq[:, r:r + rows, None], sq[:, None, :])
+        return K.mul_(hp.outputscale)
 
 
 def kernel_diag(kernel: Kernel, x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from torch import nn
 from gpscale.io import load, save
 from gpscale.kernels import kernel_matrix
 from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
-from gpscale.methods import build, cagp
+from gpscale.methods import _cagp_cg, build, cagp
 from gpscale.training import FitConfig, default_fit_config, fit
 
 from ._cagp_dense import (
@@ -57,8 +57,11 @@ def test_action_initialisation(how):
 
 
 @pytest.mark.parametrize("factory", [cagp.build_cagp_opt, cagp.build_cagp_cg])
-def test_no_n_by_n_tensor(factory, largest_tensor):
-    """notes §10.14: loss, backward and predict never hold more than max(n i, chunk n) entries."""
+def test_no_n_by_n_tensor(factory, largest_tensor, monkeypatch):
+    """notes §10.14: loss, backward and predict never hold more than max(n i, chunk n) entries
+    — once n² entries exceed the cache limit of CaGP-CG's CG products (set to 0 here; below
+    the limit that one n × n matrix is held on purpose: test_cagp_cg_cost)."""
+    monkeypatch.setattr(_cagp_cg, "DENSE_OPERATOR_BYTES", 0)
     n, i, chunk = 200, 10, 16
     x, y = toy_data(n)
     model = factory(D, init=(x, y), num_actions=i, chunk_size=chunk, backend="fused", **HYPER)

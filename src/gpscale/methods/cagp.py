@@ -38,7 +38,10 @@ Cost per loss: CaGP-Opt about n²/2 kernel evaluations for K S (the symmetric bl
 product, each off-diagonal pair once) and as many in its backward (on the CPU the native row
 kernels of :mod:`gpscale.linalg.native`, one pass doing all of a pair's work; elsewhere
 compiled tiles, which evaluate each backward tile twice), no n × n tensor, + O(n i² + i³);
-CaGP-CG i CG products with K̂ plus K S, O(n² i). Memory O(n i).
+CaGP-CG i CG products with K̂ plus K S, O(n² i). Memory O(n i), except that CaGP-CG's CG
+products use a cached K(X, X) while it fits :data:`~gpscale.methods._cagp_cg.DENSE_OPERATOR_BYTES`,
+and training recomputes its CG actions only every ``refresh_every`` steps
+(:mod:`gpscale.methods._cagp_cg`: both keep the ELBO a valid bound; measured in its docstring).
 
 Deviations and choices (the paper is silent unless stated):
 
@@ -79,6 +82,12 @@ from gpscale.linalg.policies.block_sparse import (
     initial_values,
 )
 from gpscale.linalg.policies.residual import ResidualPolicy
+from gpscale.methods._cagp_cg import (
+    IterativePosterior,
+    KernelOperator,
+    iterative_posterior,
+    recycling_loss,
+)
 from gpscale.methods._common import (
     check_task_and_init,
     default_size,
@@ -98,6 +107,9 @@ __all__ = [
 ]
 
 OBJECTIVES = ("elbo", "projected_nll")
+
+REFRESH_EVERY = 4
+"""CaGP-CG's default ``refresh_every`` (see :mod:`gpscale.methods._cagp_cg`)."""
 
 
 @dataclass(frozen=True)
@@ -180,14 +192,17 @@ class CaGP(Method):
         """σ², a scalar."""
         return self.likelihood.noise.squeeze(-1)
 
-    def condition(self, x: Tensor, y: Tensor) -> CaGPState:
-        """Actions, K S, the float64 Gram factor and ṽ (Alg. S2 lines 1–5); differentiable."""
+    def condition(self, x: Tensor, y: Tensor, *, actions: Any = None) -> CaGPState:
+        """Actions, K S, the float64 Gram factor and ṽ (Alg. S2 lines 1–5); differentiable.
+
+        ``actions``: S to use instead of the policy's (e.g. CG actions of an earlier step,
+        :meth:`training_loss`); the ELBO is a bound for any S.
+        """
         check_x(x, num_dims=self.num_dims)
         check_xy(x, y)
         r = y.to(x.dtype) - self.mean(x)  # (n,)
         noise = self.noise
-        S = self.policy(lambda V: kernel_matmul(self.kernel, x, x, V, chunk_size=self.chunk_size,
-                                                backend=self.backend) + noise * V, r)
+        S = self._policy_actions(x, r, noise) if actions is None else actions
         check_num_points(x.shape[0], S.shape[-1], "actions")
         try:
             Z, G_K, D, logdet_D, L = self._gram(x, S, noise)
@@ -204,6 +219,25 @@ class CaGP(Method):
         v_proj = torch.cholesky_solve(y_proj[:, None], L)[:, 0]  # line 5
         return CaGPState(x, S, r, Z, G_K, D, logdet_D, L, y_proj, v_proj, noise,
                          upcast(kernel_diag(self.kernel, x)).sum())
+
+    def _policy_actions(self, x: Tensor, r: Tensor, noise: Tensor):
+        return self.policy(KernelOperator(self.kernel, x, noise, chunk_size=self.chunk_size,
+                                          backend=self.backend), r)
+
+    def actions_for(self, x: Tensor, y: Tensor):
+        """The policy's actions S for (x, y) at the current hyperparameters."""
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y)
+        return self._policy_actions(x, y.to(x.dtype) - self.mean(x), self.noise)
+
+    def training_loss(self, x: Tensor, y: Tensor) -> Callable[..., Tensor]:
+        """The loss ``training.fit`` minimises on (x, y): CG actions are recycled for the
+        policy's ``refresh_every`` steps (:func:`gpscale.methods._cagp_cg.recycling_loss`);
+        learned actions are parameters, conditioned afresh every step."""
+        every = getattr(self.policy, "refresh_every", None)
+        if every is None:
+            return lambda model, xb, yb: model.loss(model.condition(xb, yb))
+        return recycling_loss(self, x, y, every)
 
     def _gram(self, x: Tensor, S, noise: Tensor):
         """Z = K S (line 3), G_K = SᵀKS, SᵀS, its log det and L = chol(SᵀK̂S) (line 4)."""
@@ -314,52 +348,6 @@ def _(S: BlockSparseActions, kernel, x: Tensor, x_rows: Tensor | None, chunk_siz
                                       backend=backend)
 
 
-@dataclass(frozen=True)
-class IterativePosterior:
-    """Alg. S1's output: C_i = D̃ D̃ᵀ ≈ K̂⁻¹ and v_i ≈ K̂⁻¹ r.
-
-    Attributes:
-        directions: D̃ (n, i), columns d_j / √η_j.
-        repr_weights: v_i (n,).
-        actions: the actions s_1 … s_i taken (n, i).
-    """
-
-    directions: Tensor
-    repr_weights: Tensor
-    actions: Tensor
-
-
-def iterative_posterior(matmul: Matmul, rhs: Tensor, policy: Callable[[int, Tensor], Tensor],
-                        num_actions: int) -> IterativePosterior:
-    """CaGP with actions chosen one at a time (Alg. S1; Wenger et al. 2022's IterGP).
-
-    Args:
-        matmul: V ↦ K̂ V for V (n, k).
-        rhs: r = y − μ(X) (n,).
-        policy: ``(j, r_{j−1}) -> s_j`` (n,), e.g. ``lambda j, res: res`` for CG residuals.
-        num_actions: i.
-
-    Returns:
-        The low-rank factor of C_i and the representer weights v_i (the CaGP posterior is
-        μ + K(·, X) v_i and K − K(·, X) C_i K(X, ·)).
-    """
-    n = rhs.shape[0]
-    C = rhs.new_zeros(n, 0)  # D̃, C_0 = 0
-    v = torch.zeros_like(rhs)  # v_0 = 0
-    actions = []
-    for j in range(num_actions):
-        res = rhs - matmul(v[:, None])[:, 0]  # line 4, r_{j−1}
-        s = policy(j, res)  # line 3
-        alpha = s @ res  # line 5
-        z = matmul(s[:, None])[:, 0]  # line 6, K̂ s
-        d = s - C @ (C.mT @ z)  # line 7, Σ_{j−1} K̂ s
-        eta = z @ d  # line 8
-        C = torch.cat([C, (d / eta.sqrt())[:, None]], -1)  # line 9
-        v = v + alpha / eta * d  # line 10
-        actions.append(s)
-    return IterativePosterior(C, v, torch.stack(actions, -1))
-
-
 def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
                    init: tuple[Tensor, Tensor] | None = None, num_actions: int | None = None,
                    action_init: str = "random", num_train: int | None = None, seed: int = 0,
@@ -415,7 +403,8 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
 
 def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
                   init: tuple[Tensor, Tensor] | None = None, num_actions: int | None = None,
-                  rtol: float = 1e-4, objective: str = "elbo", chunk_size: int | None = None,
+                  rtol: float = 1e-4, refresh_every: int = REFRESH_EVERY,
+                  objective: str = "elbo", chunk_size: int | None = None,
                   backend: str = "auto", **prior: Any) -> CaGP:
     """Factory of ``cagp-cg``: CG-residual actions (see :mod:`gpscale.methods.registry`).
 
@@ -426,6 +415,8 @@ def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int |
         init: ``(x, y)`` for data-dependent initial hyperparameters, or ``None`` to rebuild.
         num_actions: i, the most CG iterations (actions).
         rtol: CG's relative residual tolerance (Table S1: 1e-4).
+        refresh_every: training steps that share one set of CG actions (1: the paper's, new
+            actions every step; see :mod:`gpscale.methods._cagp_cg`).
         objective: ``'elbo'`` or ``'projected_nll'``.
         chunk_size, backend: of the matrix-free kernel products.
         **prior: as for :func:`build_cagp_opt`.
@@ -442,9 +433,10 @@ def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int |
     opts = prior_options(init, task, num_dims, **prior)
     mean, kernel = prior_modules(num_dims, opts)
     model = CaGP(mean, kernel, gaussian_likelihood(opts["noise"]),
-                 ResidualPolicy(num_actions, rtol), objective=objective, num_dims=num_dims,
-                 chunk_size=chunk_size, backend=backend,
-                 options={"num_actions": num_actions, "rtol": rtol, "objective": objective,
+                 ResidualPolicy(num_actions, rtol, refresh_every), objective=objective,
+                 num_dims=num_dims, chunk_size=chunk_size, backend=backend,
+                 options={"num_actions": num_actions, "rtol": rtol,
+                          "refresh_every": refresh_every, "objective": objective,
                           "chunk_size": chunk_size, "backend": backend, **opts})
     return follow_init(model, init)
 
@@ -488,6 +480,8 @@ register(MethodSpec(
         _NUM_ACTIONS,
         Option("rtol", "float", 1e-4, "CG relative residual tolerance (Table S1)", minimum=0,
                exclusive=True),
+        Option("refresh_every", "int", REFRESH_EVERY, "training steps that share one set of "
+               "CG actions (1: new actions every step, as the paper)", minimum=1),
         _OBJECTIVE, *KERNEL_PRODUCT_OPTIONS, *PRIOR_OPTIONS,
     ),
 ))

@@ -45,6 +45,8 @@ class ResidualPolicy:
     Attributes:
         num_actions: i, the most residuals (actions) returned.
         rtol: CG stops when ‖r_j‖ ≤ rtol ‖rhs‖; the residual that meets it is not used.
+        refresh_every: training steps that share one set of actions (read by
+            :meth:`gpscale.methods.cagp.CaGP.training_loss`; 1 recomputes them every step).
 
     Example:
         >>> A = torch.diag(torch.arange(1.0, 6.0, dtype=torch.float64))
@@ -54,10 +56,13 @@ class ResidualPolicy:
 
     num_actions: int
     rtol: float = 1e-4
+    refresh_every: int = 1
 
     def __post_init__(self):
         if self.num_actions < 1:
             raise ValueError(f"num_actions must be positive; got {self.num_actions}")
+        if self.refresh_every < 1:
+            raise ValueError(f"refresh_every must be at least 1; got {self.refresh_every}")
         if not self.rtol >= 0:
             raise ValueError(f"rtol must be ≥ 0; got {self.rtol}")
 
