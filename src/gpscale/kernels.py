@@ -104,9 +104,9 @@ def dense_kernel_matrix(kernel: Kernel, x: Float[Tensor, "n d"],
     """K(x, x) as a plain (n, n) tensor, without gradients, built block of rows by block.
 
     For the kernels :func:`kernel_hyperparameters` recognises the blocks come from the fused
-    distance-and-profile functions written straight into the result (one pass at about the cost
-    of one matrix-free product); other kernels go through GPyTorch a block at a time. Only the
-    result (n² entries) is held, never a second n × n temporary.
+    distance-and-profile functions written straight into the result (compiled, as the tiles
+    of the matrix-free products, for large n on the CPU); other kernels go through GPyTorch a
+    block at a time. Only the result (n² entries) is held, never a second n × n temporary.
     """
     hp = kernel_hyperparameters(kernel)
     n = x.shape[-2]
@@ -117,6 +117,8 @@ def dense_kernel_matrix(kernel: Kernel, x: Float[Tensor, "n d"],
         z1, z2, _, _ = _scaled_inputs(hp, x, x, x[:, :1])
         z1, z2, exact = _exact_last(z1, z2)
         value = fused.PROFILES[hp.profile][0]
+        if x.device.type == "cpu" and n * n >= AUTO_COMPILE_MIN_ENTRIES:
+            value = fused.compiled_profile(value)  # the tiles' compiled function, shared
         sq = fused.sq_norms(z2, exact)  # (1, n)
         K = x.new_empty(n, n)
         for r in range(0, n, rows):

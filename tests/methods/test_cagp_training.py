@@ -141,6 +141,33 @@ def test_float32_adam_training_stays_finite():
     torch.testing.assert_close(loss32.double(), loss64, rtol=1e-4, atol=1e-5)
 
 
+def test_cg_actions_survive_the_float64_fallback(monkeypatch):
+    """CaGP-CG's dense float32 actions after the fallback (found by a Parkinsons run with
+    defaults: Sᵀ r mixed a float64 S with a float32 r): the loss equals the float64 model's at
+    the same actions, and gradients are finite."""
+    x, y = toy_data(200)
+    x32, y32 = x.float(), y.float()
+    model = cagp.build_cagp_cg(D, init=(x32, y32), num_actions=20)
+    real = cagp.kernel_times
+
+    def lossy(S, kernel, xk, x_rows, chunk_size, backend):
+        Z = real(S, kernel, xk, x_rows, chunk_size, backend)
+        return Z - 10.0 * S if xk.dtype == torch.float32 and x_rows is None else Z
+
+    monkeypatch.setattr(cagp, "kernel_times", lossy)
+    S = model.actions_for(x32, y32)
+    with pytest.warns(RuntimeWarning, match="recomputed in float64"):
+        loss = model.loss(model.condition(x32, y32, actions=S))
+    loss.backward()
+    assert loss.dtype == torch.float32
+    assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.requires_grad)
+    reference = cagp.build_cagp_cg(D, init=(x, y), num_actions=20)
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        loss64 = reference.loss(reference.condition(x, y, actions=S.double()))
+    torch.testing.assert_close(loss.detach().double(), loss64, rtol=1e-6, atol=1e-6)
+
+
 def test_indefinite_float32_gram_falls_back_to_float64_products(monkeypatch):
     """When float32 K S makes SᵀK̂S indefinite (Parkinsons, Adam epoch 499: float32 distances
     off by 1e-3 at σ² = 1e-4), condition warns and uses float64 products, without changing the

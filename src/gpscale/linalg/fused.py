@@ -40,8 +40,8 @@ from gpscale.linalg import compile_ahead
 from gpscale.linalg.chunked import ChunkRule
 
 __all__ = ["DEFAULT_ROWS", "DISTANCE_TOLERANCE", "EXACT_DIFF_DIMS", "PROFILES", "TILE_ENTRIES",
-           "exact_dims", "inner_products", "sq_norms", "stationary_rule", "wait_for_compilation",
-           "COMPILE_IN_BACKGROUND"]
+           "compiled_profile", "exact_dims", "inner_products", "sq_norms", "stationary_rule",
+           "wait_for_compilation", "COMPILE_IN_BACKGROUND"]
 
 TILE_ENTRIES = 2**20
 """Kernel entries per tile (4 MiB in float32), sized for the caches; tuned on a 2-core EPYC."""
@@ -257,6 +257,12 @@ def _compiled(fn: Callable) -> _CompiledFunction:
     if fn not in _COMPILED:
         _COMPILED[fn] = _CompiledFunction(fn)
     return _COMPILED[fn]
+
+
+def compiled_profile(fn: Callable) -> Callable:
+    """The process-wide compiled form of a :data:`PROFILES` function (compiled ahead, see
+    :class:`_CompiledFunction`; uncompiled until then)."""
+    return _compiled(fn)
 
 
 def wait_for_compilation(timeout: float | None = None) -> None:

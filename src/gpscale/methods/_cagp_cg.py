@@ -8,7 +8,7 @@ costs ~0.4 s here, as much as a product with 16 columns, so one step's CG took m
 method's objective a valid bound:
 
 1. :class:`KernelOperator` — the V ↦ K̂ V the CG policy calls. CG runs without gradients, so when
-   n² entries fit in :data:`DENSE_OPERATOR_BYTES` the operator builds K(X, X) once per CG run
+   n² entries fit in :func:`dense_operator_limit` the operator builds K(X, X) once per CG run
    (:func:`gpscale.kernels.dense_kernel_matrix`, about the cost of three matrix-free products)
    and every iteration is a dense mat-vec (~0.05 s at n = 15,000: memory bound, 8× faster).
    Larger n, or a product that needs gradients, stays matrix-free.
@@ -35,13 +35,37 @@ from torch import Tensor, nn
 
 from gpscale.kernels import dense_kernel_matrix, kernel_matmul
 from gpscale.linalg.ops import Matmul
+from gpscale.methods.auto import available_memory
 
-__all__ = ["DENSE_OPERATOR_BYTES", "IterativePosterior", "KernelOperator", "iterative_posterior",
-           "recycling_loss"]
+__all__ = ["CG_ENTRY_BUDGET", "DENSE_OPERATOR_BYTES", "IterativePosterior", "KernelOperator",
+           "cg_action_cap", "dense_operator_limit", "iterative_posterior", "recycling_loss"]
 
-DENSE_OPERATOR_BYTES = 2**31
-"""The largest kernel matrix (bytes) :class:`KernelOperator` caches for gradient-free products:
-2 GiB holds n ≤ 23,170 in float32 (n ≤ 16,383 in float64)."""
+DENSE_OPERATOR_BYTES = 2**33
+"""The largest kernel matrix (bytes) :class:`KernelOperator` caches for gradient-free products,
+further limited to half the memory free at the time (:func:`dense_operator_limit`): 8 GiB holds
+n ≤ 46,340 in float32 (n ≤ 32,768 in float64)."""
+
+CG_ENTRY_BUDGET = 2**37
+"""The default number of CaGP-CG actions keeps i · n² ≤ this (:func:`cg_action_cap`): one CG
+run multiplies at most ~1.4·10¹¹ kernel entries — 512 actions up to n = 16,384, 81 at Protein's
+41,157 points, 42 at KEGGu's 57,248. A CG iteration cannot use more than one column, so its cost
+grows as n² whatever the hardware; without the cap one CG run at n = 41,157 takes ~25 min on
+the 2-core machine of BENCHMARKS.md (matrix-free) or ~3 min (cached), beyond the default
+300-s training budget on its own."""
+
+
+def cg_action_cap(n: int | None) -> int:
+    """The default most CG actions for n training points: min(512, ⌊2³⁷ / n²⌋), at least 1."""
+    if n is None:
+        return 512
+    return max(1, min(512, CG_ENTRY_BUDGET // max(1, n * n)))
+
+
+def dense_operator_limit() -> int:
+    """Bytes :class:`KernelOperator` may cache: :data:`DENSE_OPERATOR_BYTES`, at most half the
+    memory free now (where the system says)."""
+    free = available_memory()
+    return DENSE_OPERATOR_BYTES if free is None else min(DENSE_OPERATOR_BYTES, free // 2)
 
 
 class KernelOperator:
@@ -52,7 +76,8 @@ class KernelOperator:
         x: training inputs X (n, d).
         noise: σ² (a scalar tensor).
         chunk_size, backend: of the matrix-free products (:func:`gpscale.kernels.kernel_matmul`).
-        max_bytes: cache K when n² entries of x's dtype take at most this many bytes.
+        max_bytes: cache K when n² entries of x's dtype take at most this many bytes
+            (default :func:`dense_operator_limit`).
     """
 
     def __init__(self, kernel: nn.Module, x: Tensor, noise: Tensor, *,
@@ -60,7 +85,7 @@ class KernelOperator:
                  max_bytes: int | None = None):
         self.kernel, self.x, self.noise = kernel, x, noise
         self.chunk_size, self.backend = chunk_size, backend
-        limit = DENSE_OPERATOR_BYTES if max_bytes is None else max_bytes
+        limit = dense_operator_limit() if max_bytes is None else max_bytes
         self.cacheable = x.shape[0] ** 2 * x.element_size() <= limit
         self.dense: Tensor | None = None
 

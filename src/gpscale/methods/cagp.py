@@ -85,6 +85,7 @@ from gpscale.linalg.policies.residual import ResidualPolicy
 from gpscale.methods._cagp_cg import (
     IterativePosterior,
     KernelOperator,
+    cg_action_cap,
     iterative_posterior,
     recycling_loss,
 )
@@ -215,7 +216,7 @@ class CaGP(Method):
                           "float64 (about 2x slower)", RuntimeWarning, stacklevel=2)
             x, S = upcast(x), upcast_actions(S)
             Z, G_K, D, logdet_D, L = self._gram(x, S, noise)
-        y_proj = upcast(S.mT @ r)  # line 2, ỹ = Sᵀ r
+        y_proj = upcast(S.mT @ r.to(x.dtype))  # line 2, ỹ = Sᵀ r (float64 after a fallback)
         v_proj = torch.cholesky_solve(y_proj[:, None], L)[:, 0]  # line 5
         return CaGPState(x, S, r, Z, G_K, D, logdet_D, L, y_proj, v_proj, noise,
                          upcast(kernel_diag(self.kernel, x)).sum())
@@ -413,7 +414,8 @@ def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int |
         task: must be ``"regression"``.
         num_classes: unused (regression).
         init: ``(x, y)`` for data-dependent initial hyperparameters, or ``None`` to rebuild.
-        num_actions: i, the most CG iterations (actions).
+        num_actions: i, the most CG iterations (actions); default min(512, n/2,
+            :func:`~gpscale.methods._cagp_cg.cg_action_cap` (n)).
         rtol: CG's relative residual tolerance (Table S1: 1e-4).
         refresh_every: training steps that share one set of CG actions (1: the paper's, new
             actions every step; see :mod:`gpscale.methods._cagp_cg`).
@@ -426,8 +428,8 @@ def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int |
             than ``num_actions``.
     """
     check_task_and_init("cagp-cg", task, ("regression",), num_dims, init)
-    num_actions = default_size(num_actions, None if init is None else init[0].shape[0], 512, 2,
-                               "num_actions")
+    n = None if init is None else init[0].shape[0]
+    num_actions = default_size(num_actions, n, cg_action_cap(n), 2, "num_actions")
     if init is not None:
         check_num_points(init[0].shape[0], num_actions, "actions")
     opts = prior_options(init, task, num_dims, **prior)
@@ -454,6 +456,8 @@ def _num_train(init: tuple[Tensor, Tensor] | None, num_train: int | None) -> int
 
 _NUM_ACTIONS = Option("num_actions", "int", None, "number of actions i (the posterior's rank); "
                       "none: min(512, n/2)", minimum=1)
+_CG_NUM_ACTIONS = Option("num_actions", "int", None, "most CG actions i (the posterior's "
+                         "rank); none: min(512, n/2, 2³⁷/n²)", minimum=1)
 _OBJECTIVE = Option("objective", "str", "elbo", "training objective", choices=OBJECTIVES)
 
 register(MethodSpec(
@@ -477,7 +481,7 @@ register(MethodSpec(
     tasks=("regression",),
     summary="CaGP-CG: computation-aware GP, CG-residual actions, ELBO (O(n² i) per step)",
     options=(
-        _NUM_ACTIONS,
+        _CG_NUM_ACTIONS,
         Option("rtol", "float", 1e-4, "CG relative residual tolerance (Table S1)", minimum=0,
                exclusive=True),
         Option("refresh_every", "int", REFRESH_EVERY, "training steps that share one set of "
