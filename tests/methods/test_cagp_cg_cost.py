@@ -159,3 +159,14 @@ def test_cache_holds_one_n_by_n_matrix_exactly_within_its_limit(spare, largest_t
         model.loss(model.condition(x, y)).backward()
     assert (mode.largest == n * n) == (spare == 0)
     assert mode.largest <= n * n
+
+
+def test_learned_actions_train_with_the_plain_loss():
+    """CaGP-Opt's actions are parameters: no recycling, fit's default loss (None here)."""
+    x, y = toy_data()
+    model = cagp.build_cagp_opt(x.shape[1], init=(x, y), num_actions=6, **HYPER)
+    assert model.training_loss(x, y) is None
+    config = FitConfig(epochs=2, lr=0.05, progress=False)
+    other = cagp.build_cagp_opt(x.shape[1], init=(x, y), num_actions=6, **HYPER)
+    ha, hb = fit(model, None, (x, y), config), fit(other, default_loss, (x, y), config)
+    assert [r["loss"] for r in ha.rows] == [r["loss"] for r in hb.rows]

@@ -231,14 +231,12 @@ class CaGP(Method):
         check_xy(x, y)
         return self._policy_actions(x, y.to(x.dtype) - self.mean(x), self.noise)
 
-    def training_loss(self, x: Tensor, y: Tensor) -> Callable[..., Tensor]:
+    def training_loss(self, x: Tensor, y: Tensor) -> Callable[..., Tensor] | None:
         """The loss ``training.fit`` minimises on (x, y): CG actions are recycled for the
         policy's ``refresh_every`` steps (:func:`gpscale.methods._cagp_cg.recycling_loss`);
-        learned actions are parameters, conditioned afresh every step."""
+        ``None`` (fit's default loss) for learned actions, which are parameters."""
         every = getattr(self.policy, "refresh_every", None)
-        if every is None:
-            return lambda model, xb, yb: model.loss(model.condition(xb, yb))
-        return recycling_loss(self, x, y, every)
+        return None if every is None else recycling_loss(self, x, y, every)
 
     def _gram(self, x: Tensor, S, noise: Tensor):
         """Z = K S (line 3), G_K = SᵀKS, SᵀS, its log det and L = chol(SᵀK̂S) (line 4)."""

@@ -78,7 +78,8 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
         model: the module whose parameters are optimised.
         loss_fn: ``(model, x_batch, y_batch) -> scalar`` to minimise; ``None`` uses the
             model's ``training_loss(x, y)`` when it has one (a loss function that prepares the
-            per-data work once, e.g. GGP's sufficient statistics), else :func:`default_loss`.
+            per-data work once, e.g. GGP's sufficient statistics; ``None`` when there is
+            nothing to prepare), else :func:`default_loss`.
         data: training inputs (n, d) and targets (n,).
         config: optimisation options (:class:`FitConfig`); defaults when ``None``.
         callbacks: objects with ``on_epoch_end(model, epoch, row, final=False)`` returning
@@ -104,7 +105,7 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
     x, y = data
     if loss_fn is None:  # a method may prepare per-data work once (GGP's statistics)
         training_loss = getattr(model, "training_loss", None)
-        loss_fn = default_loss if training_loss is None else training_loss(x, y)
+        loss_fn = (None if training_loss is None else training_loss(x, y)) or default_loss
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]}")
     params = [p for p in model.parameters() if p.requires_grad]
