@@ -13,7 +13,8 @@ method option (``num_inducing``, ``kernel``, ...) and round-trips through ``get_
 Method options are checked against the method's declaration (``gpscale methods KEY``) when the
 estimator is made and again in ``fit``: an unknown name or an ill-typed value is a ``ValueError``
 listing the valid options. Training options default to the method's own
-(:data:`gpscale.training.METHOD_DEFAULTS`).
+(:data:`gpscale.training.METHOD_DEFAULTS`). ``device="cuda"`` (or ``"auto"``) trains and predicts
+on a GPU; predictions come back as NumPy arrays either way.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from gpscale.training.harness import cast, train_method
 
 __all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload"]
 
-_TRAINING_KEYS = ("optimizer", "lr", "epochs", "batch_size", "max_time", "scheduler")
+_TRAINING_KEYS = ("optimizer", "lr", "epochs", "batch_size", "max_time", "scheduler", "device")
 
 
 class _GPEstimator(BaseEstimator):
@@ -49,8 +50,8 @@ class _GPEstimator(BaseEstimator):
                  lr: float | None = None, batch_size: int | None = None,
                  optimizer: str | None = None, max_time: float | None = None,
                  scheduler: str | None = None, dtype: str | None = None,
-                 standardize: bool = True, random_state: int = 0, progress: bool = False,
-                 **options: Any):
+                 device: str | None = None, standardize: bool = True, random_state: int = 0,
+                 progress: bool = False, **options: Any):
         self.method = method
         self.epochs = epochs
         self.lr = lr
@@ -59,6 +60,7 @@ class _GPEstimator(BaseEstimator):
         self.max_time = max_time
         self.scheduler = scheduler
         self.dtype = dtype
+        self.device = device
         self.standardize = standardize
         self.random_state = random_state
         self.progress = progress
@@ -111,7 +113,7 @@ class _GPEstimator(BaseEstimator):
         self.model_ = trained.model
         self.history_: History = trained.history
         self.fit_config_ = config
-        self._train = train
+        self._train = tuple(t.to(config.torch_device) for t in train)  # where the model is
         self._state = trained.state
         self.n_features_in_ = x.shape[1]
 
@@ -141,7 +143,7 @@ class _GPEstimator(BaseEstimator):
         x = torch.tensor(X, dtype=torch.float64)
         if self.transform_ is not None:
             x = self.transform_.transform_x(x)
-        x = x.to(self._train[0].dtype)
+        x = x.to(device=self._train[0].device, dtype=self._train[0].dtype)
         with torch.no_grad():
             return self.model_.predict(self._state, x)
 

@@ -351,3 +351,10 @@ def test_data_file_with_a_method_of_another_task_names_the_task_flag(tmp_path, c
     data = _train_csv(tmp_path / "train.csv")
     _fails(capsys, _fit_argv(data, tmp_path / "run", method="iterncgp"), "'iterncgp'",
            "'regression'", "--task classification")
+
+
+def test_unreachable_device_is_one_error_line(capsys, tmp_path):
+    """``--device cuda:N`` past the GPUs torch sees (every N on a CPU build) names the device."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    _fails(capsys, _fit_argv(_train_csv(tmp_path / "t.csv"), tmp_path / "out", "--device",
+                             f"cuda:{count}"), f"cuda:{count}", "CUDA device")

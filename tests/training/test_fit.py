@@ -246,3 +246,17 @@ def test_seeds_make_minibatch_runs_reproducible(data):
                                          progress=False))
         runs.append(float(m.w))
     assert runs[0] == runs[1]
+
+
+def test_fit_config_device_names_and_availability():
+    """``device`` accepts cpu / cuda[:N] / auto; a malformed name or a GPU torch cannot see is a
+    ValueError naming it, raised when the config is made (before any data is touched)."""
+    assert FitConfig().torch_device == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert FitConfig(device="auto").torch_device.type == expected
+    for bad in ("gpu0", "mps", ""):
+        with pytest.raises(ValueError, match="device must be 'cpu', 'cuda', 'cuda:N' or 'auto'"):
+            FitConfig(device=bad)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=rf"device 'cuda:{count}': torch sees {count} CUDA"):
+        FitConfig(device=f"cuda:{count}")

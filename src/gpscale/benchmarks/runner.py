@@ -29,7 +29,7 @@ from gpscale.errors import NonFiniteLossError
 from gpscale.io import save
 from gpscale.methods import auto
 from gpscale.methods.auto import AUTO
-from gpscale.methods.base import Method
+from gpscale.methods.base import Method, module_device
 from gpscale.methods.registry import get_spec
 from gpscale.metrics import json_safe
 from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
@@ -57,6 +57,7 @@ class RunSpec:
             within a time budget) or ``"paper"`` (the fixed epochs of the benchmark suites).
         eval_every: epochs between test evaluations during training; 0 evaluates only at the end.
         dtype: ``"float32"`` or ``"float64"``; ``None`` takes the method's default.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``; ``None`` is the CPU.
         options: method options (``num_inducing``, ``kernel``, ...).
         dataset_options: keyword arguments for the dataset loader (e.g. ``n`` of a generator).
         out: folder for metrics.json, history.csv/json and model.pt.
@@ -80,6 +81,7 @@ class RunSpec:
     preset: str = "default"
     eval_every: int = 0
     dtype: str | None = None
+    device: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
     out: str | None = None
@@ -137,7 +139,8 @@ def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
         spec.method, num_train, preset=spec.preset, dtype=spec.dtype, epochs=spec.epochs,
         lr=spec.lr, batch_size=spec.batch_size, optimizer=spec.optimizer,
         max_time=spec.max_time, scheduler=spec.scheduler, seed=spec.seed,
-        checkpoint=spec.checkpoint, progress=spec.progress, eval_every=spec.eval_every or None)
+        checkpoint=spec.checkpoint, progress=spec.progress, eval_every=spec.eval_every or None,
+        device=spec.device)
     return config, config.torch_dtype
 
 
@@ -169,9 +172,12 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
 def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,
                  x_test: torch.Tensor, state: Any = None) -> Predictive:
     """Condition on the training data (unless ``state`` is given) and predict at ``x_test``
-    without gradients."""
+    without gradients, on the model's device; the predictive comes back on the CPU."""
+    device = module_device(model)
     with torch.no_grad():
-        return model.predict(model.posterior(x, y) if state is None else state, x_test)
+        if state is None:
+            state = model.posterior(x.to(device), y.to(device))
+        return model.predict(state, x_test.to(device)).to("cpu")
 
 
 def run(spec: RunSpec) -> RunResult:

@@ -75,6 +75,9 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
                    help="evaluate on the test set every K epochs (default 0: only at the end)")
     p.add_argument("--dtype", choices=["float32", "float64"],
                    help=f"training precision; {method_default}")
+    p.add_argument("--device", default=None, metavar="DEVICE",
+                   help="cpu (default), cuda, cuda:N, or auto (CUDA when torch sees a GPU); "
+                   "the saved model.pt loads on the CPU")
     p.add_argument("--split", type=int, default=0,
                    help="which train/test split of the dataset (default 0)")
     p.add_argument("--seed", type=int, default=0,
@@ -182,7 +185,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         task=args.task, split=args.split, seed=args.seed, epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size, optimizer=args.optimizer, max_time=args.max_time,
         scheduler=args.scheduler, preset=args.preset, eval_every=args.eval_every,
-        dtype=args.dtype,
+        dtype=args.dtype, device=args.device,
         options=dict(args.option), dataset_options=dict(args.data_option), out=args.out,
         checkpoint=args.checkpoint, progress=False if args.no_progress else None)
     # The training plan (budget, schedule, stopping rule) is shown even without --verbose.

@@ -133,13 +133,14 @@ class GramStencil:
 
     def to_dense(self) -> Tensor:
         """Dense WᵀW (m, m); for tests only."""
-        return self.matmul(torch.eye(self.num_grid, dtype=self.coef.dtype))
+        return self.matmul(torch.eye(self.num_grid, dtype=self.coef.dtype,
+                                     device=self.coef.device))
 
     def to_csr(self) -> Tensor:
         """WᵀW as a torch sparse CSR tensor (the stored nonzeros only)."""
         m, q = self.num_grid, 2 * self.support - 1
         rows, cols, vals = [], [], []
-        base = torch.arange(m)
+        base = torch.arange(m, device=self.coef.device)
         for g, off in enumerate(self._group_offsets()):
             for c in range(q):
                 keep = self.coef[g, :, c] != 0

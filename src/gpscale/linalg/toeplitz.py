@@ -95,7 +95,7 @@ class GridKernel:
 
     def to_dense(self) -> Tensor:
         """Dense K_G (m, m) by products with the identity; for tests and small m."""
-        return self.matmul(torch.eye(self.num_grid, dtype=_F64))
+        return self.matmul(torch.eye(self.num_grid, dtype=_F64, device=self.local.device))
 
     def interp_quad(self, rows: Interpolation, pairs: Tensor) -> Tensor:
         """w_iᵀ K_G w_i per row (n,): all s^d nodes of a row are within the local offsets."""
@@ -136,20 +136,21 @@ def grid_kernel(grid: Grid, profile: str, lengthscale: Tensor, outputscale: Tens
     ell = lengthscale.to(_F64).reshape(-1).expand(d)
     scale = outputscale.to(_F64).reshape(())
     q = 2 * grid.support - 1
-    delta = torch.arange(q, dtype=_F64) - (grid.support - 1)
+    device = ell.device  # the spectra live with the hyperparameters
+    delta = torch.arange(q, dtype=_F64, device=device) - (grid.support - 1)
     local_axes = [(delta * grid.spacing[j] / ell[j]) ** 2 for j in range(d)]
     local_r2 = sum(torch.meshgrid(*local_axes, indexing="ij")) if d > 1 else local_axes[0]
     local = scale * _profile(profile, local_r2).reshape(-1)
     if structure == "kron":
         spectra = []
         for j, m_j in enumerate(grid.sizes):
-            lag = torch.arange(m_j, dtype=_F64) * grid.spacing[j] / ell[j]
+            lag = torch.arange(m_j, dtype=_F64, device=device) * grid.spacing[j] / ell[j]
             t = _profile("rbf", lag**2) if d > 1 else _profile(profile, lag**2)
             spectra.append(torch.fft.rfft(_embedding_column(t)).real)
         return GridKernel(grid.sizes, "kron", tuple(spectra), scale, local)
     axes = []
     for j, m_j in enumerate(grid.sizes):
-        p = torch.arange(2 * m_j)
+        p = torch.arange(2 * m_j, device=device)
         lag = torch.where(p <= m_j, p, p - 2 * m_j).to(_F64) * grid.spacing[j] / ell[j]
         axes.append(lag**2)
     r2 = sum(torch.meshgrid(*axes, indexing="ij"))

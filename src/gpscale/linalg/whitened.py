@@ -64,7 +64,7 @@ def kron_matmul(factors: list[Tensor], V: Tensor) -> Tensor:
 
 
 def _toeplitz(t: Tensor) -> Tensor:
-    idx = torch.arange(t.shape[0])
+    idx = torch.arange(t.shape[0], device=t.device)
     return t[(idx[:, None] - idx[None, :]).abs()]
 
 
@@ -108,10 +108,10 @@ def marginal_grams(gram: GramStencil) -> list[Tensor]:
         M = coef.sum(dim=rest) if rest else coef  # (sum over dim=[] would sum everything)
         if node_axis > off_axis:
             M = M.T  # (m_j, q): node, offset
-        rows = torch.arange(m_j)[:, None].expand(m_j, q)
-        cols = rows + torch.arange(q)[None, :] - (s - 1)
+        rows = torch.arange(m_j, device=M.device)[:, None].expand(m_j, q)
+        cols = rows + torch.arange(q, device=M.device)[None, :] - (s - 1)
         ok = (cols >= 0) & (cols < m_j)
-        B_j = torch.zeros(m_j, m_j, dtype=_F64)
+        B_j = torch.zeros(m_j, m_j, dtype=_F64, device=M.device)
         B_j.index_put_((rows[ok], cols[ok]), M[ok], accumulate=True)
         out.append(0.5 * (B_j + B_j.T))
     return out
@@ -166,7 +166,7 @@ class KroneckerPreconditioner:
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
         """(m, num_samples) draws V λ^{1/2} ε ~ N(0, P)."""
         eps = torch.randn(self.eigenvalues.shape[0], num_samples, dtype=_F64,
-                          generator=generator)
+                          generator=generator).to(self.eigenvalues.device)
         return kron_matmul(self.vectors, eps * self.eigenvalues[:, None].sqrt())
 
 

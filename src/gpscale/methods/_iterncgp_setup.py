@@ -135,9 +135,9 @@ def probit_softmax_probs(mean: Tensor, variance: Tensor) -> Tensor:
 def _mc_probs(mean: Tensor, variance: Tensor, link: Callable[[Tensor], Tensor],
               options: PredictiveOptions) -> Tensor:
     """E[link(f)] for independent f ~ N(mean, variance) (t, C) by Monte Carlo."""
-    generator = torch.Generator(device=mean.device).manual_seed(options.seed)
+    generator = torch.Generator().manual_seed(options.seed)  # CPU draws: equal on any device
     eps = torch.randn((options.num_samples, *mean.shape), generator=generator,
-                      device=mean.device, dtype=mean.dtype)
+                      dtype=mean.dtype).to(mean.device)
     return link(mean + variance.sqrt() * eps).mean(0)
 
 

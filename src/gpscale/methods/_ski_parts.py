@@ -8,6 +8,7 @@ the statistics.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,7 @@ def _as_f64(a) -> Tensor:
 
 
 def sufficient_statistics(data, grid: Grid, *, num_probes: int = 16, seed: int = 0,
-                          chunk_size: int = 100_000) -> SufficientStatistics:
+                          chunk_size: int = 100_000, device=None) -> SufficientStatistics:
     """WᵀW, Wᵀy, Wᵀ1, yᵀy, Σy, n and probe sketches Wᵀz in one pass over ``data`` (float64).
 
     Args:
@@ -85,16 +86,17 @@ def sufficient_statistics(data, grid: Grid, *, num_probes: int = 16, seed: int =
         num_probes: p Rademacher probes for the log-determinant (drawn chunk by chunk from
             ``seed``; WᵀW, Wᵀy, yᵀy, n do not depend on the chunking, the probes do).
         chunk_size: rows per chunk for array input.
+        device: where the statistics are summed (each chunk is moved there); default the CPU.
 
     Cost: O(n (16^d + (p + 2) 4^d)) time (cubic), O(chunk · 16^d) transient memory.
     """
-    acc = StatisticsAccumulator(grid, num_probes)
+    acc = StatisticsAccumulator(grid, num_probes, device=device)
     generator = torch.Generator().manual_seed(seed)
     for x, y in float64_chunks(data, chunk_size):
         check_xy(x, y.reshape(-1))
-        y = y.reshape(-1)
+        x, y = x.to(acc.device), y.reshape(-1).to(acc.device)
         probes = (rademacher(y.shape[0], num_probes, dtype=_F64, generator=generator)
-                  if num_probes else None)
+                  .to(acc.device) if num_probes else None)
         acc.add(x, y, probes)
     return acc.result("no data: the chunks were empty")
 
@@ -110,17 +112,19 @@ class StatisticsAccumulator:
     ``cell_buffer_bytes``; otherwise each chunk scatters into the stencil itself.
     """
 
-    def __init__(self, grid: Grid, num_probes: int, *, cell_buffer_bytes: int | None = None):
+    def __init__(self, grid: Grid, num_probes: int, *, cell_buffer_bytes: int | None = None,
+                 device=None):
         m, S = grid.num_points, grid.support ** grid.num_dims
         limit = CELL_BUFFER_BYTES if cell_buffer_bytes is None else cell_buffer_bytes
         self.grid, self.num_probes = grid, num_probes
-        self.gram = GramStencil.zeros(grid.sizes, grid.support)
-        self.pairs = pair_offsets(grid.support, grid.num_dims)
-        self.cell_sums = torch.zeros(m, S, S, dtype=_F64) if m * S * S * 8 <= limit else None
-        self.touched = torch.zeros(m, dtype=torch.bool)
-        self.wt_y, self.wt_one = torch.zeros(m, dtype=_F64), torch.zeros(m, dtype=_F64)
-        self.wt_probes = torch.zeros(m, num_probes, dtype=_F64)
-        self.yty, self.y_sum, self.n = torch.zeros((), dtype=_F64), torch.zeros((), dtype=_F64), 0
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        zeros = functools.partial(torch.zeros, dtype=_F64, device=self.device)
+        self.gram = GramStencil.zeros(grid.sizes, grid.support, device=self.device)
+        self.pairs = pair_offsets(grid.support, grid.num_dims).to(self.device)
+        self.cell_sums = zeros(m, S, S) if m * S * S * 8 <= limit else None
+        self.touched = torch.zeros(m, dtype=torch.bool, device=self.device)
+        self.wt_y, self.wt_one, self.wt_probes = zeros(m), zeros(m), zeros(m, num_probes)
+        self.yty, self.y_sum, self.n = zeros(()), zeros(()), 0
 
     def add(self, x: Tensor, y: Tensor, probes: Tensor | None) -> None:
         """Add a chunk: x (b, d), y (b,), probes (b, p) or None (p = 0)."""
@@ -155,7 +159,8 @@ class StatisticsAccumulator:
         self._flush()
         return SufficientStatistics(self.grid, self.gram, self.wt_y, self.wt_one, self.yty,
                                     self.y_sum, self.n, self.wt_probes,
-                                    torch.full((self.num_probes,), float(self.n), dtype=_F64))
+                                    torch.full((self.num_probes,), float(self.n), dtype=_F64,
+                                               device=self.device))
 
 
 def grid_options(num_dims: int, init, grid_size, grid_bounds, grid_margin: float,

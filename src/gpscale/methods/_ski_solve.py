@@ -83,7 +83,7 @@ def mll_state(GK: GridKernel, noise: Tensor, mu: Tensor, n: int, *, quad: Tensor
         s_ld = (wt_x * K_cols[:, 1:]).sum(0).mean() + noise64 * probe_dot.mean()
         logdet_t = _surrogate(logdet_samples.mean(), s_ld)
     else:
-        logdet_t = torch.full((), float("nan"), dtype=_F64)
+        logdet_t = torch.full((), float("nan"), dtype=_F64, device=quad.device)
     weights = K_cols[:, 0].detach() if mean_weights is None else mean_weights.detach()
     return GridState(quad_t, logdet_t, n, weights, noise.detach(), mu.detach(), iterations, data)
 
@@ -211,7 +211,7 @@ def _condition_dense(stats, GK, noise, mu) -> GridState:
     s2, mu64 = noise.to(_F64), mu.to(_F64)
     h = stats.wt_y - mu64 * stats.wt_one
     rtr = stats.yty - 2 * mu64 * stats.y_sum + n * mu64**2
-    A = Kd @ Bd + s2 * torch.eye(m, dtype=_F64)
+    A = Kd @ Bd + s2 * torch.eye(m, dtype=_F64, device=Kd.device)
     zbar = torch.linalg.solve(A, Kd @ h)  # Fact 2: z̄ = A⁻¹ K_G Wᵀr
     quad = (rtr - h @ zbar) / s2  # eq. 8
     logdet = torch.linalg.slogdet(A)[1] + (n - m) * torch.log(s2)  # eq. 9

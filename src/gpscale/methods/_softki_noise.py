@@ -82,6 +82,7 @@ def _minimise_log(f: Callable[[Tensor], Tensor], lower: float, upper: float) -> 
 
 def calibrate_noise(A: Tensor, b: Tensor, rr: Tensor, n: Tensor) -> float:
     """The β² ≥ :data:`NOISE_FLOOR` of least :func:`negative_log_likelihood`."""
+    A, b, rr, n = (t.cpu() for t in (A, b, rr, n))  # small (m × m); its grid search is on the CPU
     upper = max(float(rr / n), 10 * NOISE_FLOOR) * 10.0  # β² beyond var(r) only adds log-det
     return _minimise_log(lambda noise: negative_log_likelihood(noise, A, b, rr, n),
                          NOISE_FLOOR, upper)

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from gpscale.distributions import Predictive, concat
 
-__all__ = ["Method", "predict_in_chunks", "parameter_digest"]
+__all__ = ["Method", "module_device", "predict_in_chunks", "parameter_digest"]
 
 
 class Method(nn.Module, ABC):
@@ -103,6 +103,13 @@ def parameter_digest(module: nn.Module) -> str:
 
 
 _PER_POINT = ("mean", "variance", "noise", "probs", "rate")
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of a module's first parameter or buffer (the CPU when it has none)."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        return tensor.device
+    return torch.device("cpu")
 
 
 def predict_in_chunks(predict_chunk, x_test: Tensor, chunk_size: int = 4096) -> Predictive:

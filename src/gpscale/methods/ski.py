@@ -156,7 +156,7 @@ def _predict(model, state: GridState, x_test: Tensor, var_term, chunk_size: int)
 def _sparse_columns(rows: Interpolation) -> Tensor:
     """Dense (m, t) matrix Wᵀ of a few test rows (columns w_*)."""
     t = rows.index.shape[0]
-    cols = torch.zeros(t, rows.num_grid, dtype=_F64)
+    cols = torch.zeros(t, rows.num_grid, dtype=_F64, device=rows.weight.device)
     return cols.scatter_add_(1, rows.index, rows.weight).T
 
 
@@ -195,7 +195,8 @@ class GGP(Method):
     def statistics(self, data, chunk_size: int = 100_000) -> SufficientStatistics:
         """One streaming pass over ``data`` (see :func:`sufficient_statistics`)."""
         stats = sufficient_statistics(data, self.grid, num_probes=self.options["num_probes"],
-                                      seed=self.options["seed"], chunk_size=chunk_size)
+                                      seed=self.options["seed"], chunk_size=chunk_size,
+                                      device=self.noise.device)
         if self.options["wtw_format"] == "csr":
             stats = dataclasses.replace(stats, gram_csr=stats.gram.to_csr())
         return stats
@@ -267,7 +268,7 @@ class GGP(Method):
                     return (Kw * xd).sum(0)
                 return exact
             b0 = K(torch.full((stats.grid.num_points,), 1.0 / stats.grid.num_points,
-                              dtype=_F64))
+                              dtype=_F64, device=stats.wt_y.device))
             _, P, T = span_lanczos(K, B, s2, b0, self.options["variance_rank"])
             return _love_term(GK, P, T)
 
@@ -297,6 +298,7 @@ class SKI(Method):
         rows = interpolate(self.grid, x)
         gen = torch.Generator().manual_seed(self.options["seed"])
         Z = rademacher(x.shape[0], self.options["num_probes"], dtype=_F64, generator=gen)
+        Z = Z.to(x.device)
         return rows, Z, rows.rmatmul(Z)
 
     def training_loss(self, x: Tensor, y: Tensor):
@@ -361,7 +363,8 @@ class SKI(Method):
                     return (Kw * rows.rmatmul(cg.solve(cg.init(A), rows.matmul(Kw)))).sum(0)
                 return exact
             m = GK.num_grid
-            b0 = rows.matmul(GK.matmul(torch.full((m,), 1.0 / m, dtype=_F64)))
+            b0 = rows.matmul(GK.matmul(torch.full((m,), 1.0 / m, dtype=_F64,
+                                                  device=GK.local.device)))
             Q, T = lanczos(A, b0, self.options["variance_rank"])
             return _love_term(GK, rows.rmatmul(Q), T)
 

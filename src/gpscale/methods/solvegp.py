@@ -339,7 +339,7 @@ class SolveGP(Method):
             q = self.variational(factors)
         else:
             factors, q = state.factors, state.q
-        generator = torch.Generator(device=x_test.device).manual_seed(self.seed)
+        generator = torch.Generator().manual_seed(self.seed)
 
         def chunk(xc: Tensor) -> Predictive:
             mean, var = self.marginals(q, self.projections(factors, xc))
@@ -395,10 +395,10 @@ class SolveGP(Method):
         return logp.reshape(S, b).mean(0)
 
     def _draw(self, mean: Tensor, var: Tensor, generator: torch.Generator | None) -> Tensor:
-        """``num_likelihood_samples`` draws of the independent marginals, (S, L, b)."""
+        """``num_likelihood_samples`` draws of the marginals, (S, L, b); predict's on the CPU."""
         eps = torch.randn((self.num_likelihood_samples, *mean.shape), generator=generator,
-                          device=mean.device, dtype=mean.dtype)
-        return mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps
+                          device=getattr(generator, "device", mean.device), dtype=mean.dtype)
+        return mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps.to(mean.device)
 
     def _predictive(self, mean: Tensor, var: Tensor, generator: torch.Generator) -> Predictive:
         if self.task == "regression":

@@ -52,6 +52,9 @@ class FitConfig:
             after a failed epoch (non-finite loss, failed Cholesky) under ``"plateau"``.
         dtype: ``"float32"`` or ``"float64"``, the precision the harness trains the model and
             its data in (``training.fit`` itself follows the model's).
+        device: where the harness trains and predicts: ``"cpu"`` (default), ``"cuda"``,
+            ``"cuda:N"``, or ``"auto"`` (CUDA when torch sees a GPU, else the CPU). Saved models
+            load on the CPU.
     """
 
     optimizer: str = "adam"
@@ -73,8 +76,10 @@ class FitConfig:
     patience: int | None = None
     min_delta: float = 1e-3
     plateau_factor: float = 0.3
+    device: str = "cpu"
 
     def __post_init__(self):
+        _ = self.torch_device  # validates the device name and that torch can reach it
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}; got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -108,6 +113,27 @@ class FitConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+    @property
+    def torch_device(self) -> torch.device:
+        """``device`` as a ``torch.device``; ValueError for a malformed or unavailable one."""
+        name = self.device
+        if name == "auto":
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            device = torch.device(name)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto'; got "
+                             f"{self.device!r}") from err
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto'; got "
+                             f"{self.device!r}")
+        if device.type == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if count == 0 or (device.index or 0) >= count:
+                raise ValueError(f"device {self.device!r}: torch sees {count} CUDA device(s) "
+                                 "(a CPU build of torch, or no GPU); use device='cpu'")
+        return device
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

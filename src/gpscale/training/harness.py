@@ -107,11 +107,18 @@ def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
                  num_classes: int | None, options: dict[str, Any], config: FitConfig,
                  seed: int, callbacks: Sequence[Any] = ()) -> Trained:
     """:func:`build_method` then :func:`train_built` in one process, under one seeded RNG
-    stream (forked: the caller's RNG state is left as it was)."""
+    stream (forked: the caller's RNG state is left as it was).
+
+    The method is built from ``train`` where it lies (initialisation, pre-fits) and then moved
+    with the data to ``config.device`` to train; the returned state lives there too.
+    """
     train = cast(train, config, task)
+    device = config.torch_device
     with torch.random.fork_rng():  # one seeded stream for initialisation and training
         torch.manual_seed(seed)
         model, setup_time = build_method(method, train, task=task, num_classes=num_classes,
-                                         options=options, config=config, seed=None)
+                                         options=options, config=config, seed=None,
+                                         device=device)
+        train = tuple(t.to(device) for t in train)
         history, state = train_built(model, train, config, callbacks)
     return Trained(model, history, state, setup_time)

@@ -219,9 +219,9 @@ class SVGP(Method):
         check_x(x_test, num_dims=self.num_dims, name="x_test")
         eps = None
         if self._softmax:  # one set of draws for every point: a point's probabilities depend
-            generator = torch.Generator(device=x_test.device).manual_seed(self.seed)  # on it only
+            generator = torch.Generator().manual_seed(self.seed)  # on it only; drawn on the CPU
             eps = torch.randn((self.settings.num_likelihood_samples, 1, self.num_classes),
-                              generator=generator, device=x_test.device, dtype=x_test.dtype)
+                              generator=generator, dtype=x_test.dtype).to(x_test.device)
 
         def chunk(xc: Tensor) -> Predictive:
             return self._by_rows(lambda rows: self._predict_rows(xc[rows], eps), xc.shape[0])
