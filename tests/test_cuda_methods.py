@@ -110,3 +110,15 @@ def test_estimator_and_cli_train_on_device(tmp_path):
                  "2", "--device", DEVICE, "--out", str(out), "--no-progress"]) == 0
     model = load(out / "model.pt")
     assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_cagp_cg_cache_limit_reads_the_device_memory():
+    """CaGP-CG's kernel cache on a GPU is bounded by that GPU's free memory (half of it), not
+    the host's."""
+    from gpscale.methods._cagp_cg import DENSE_OPERATOR_BYTES, dense_operator_limit
+
+    device = torch.device(DEVICE)
+    limit = dense_operator_limit(device)
+    assert 0 < limit <= DENSE_OPERATOR_BYTES
+    if device.type == "cuda":
+        assert limit <= torch.cuda.mem_get_info(device)[0] // 2 + 1

@@ -61,10 +61,14 @@ def cg_action_cap(n: int | None) -> int:
     return max(1, min(512, CG_ENTRY_BUDGET // max(1, n * n)))
 
 
-def dense_operator_limit() -> int:
-    """Bytes :class:`KernelOperator` may cache: :data:`DENSE_OPERATOR_BYTES`, at most half the
-    memory free now (where the system says)."""
-    free = available_memory()
+def dense_operator_limit(device: torch.device | None = None) -> int:
+    """Bytes :class:`KernelOperator` may cache on ``device``: :data:`DENSE_OPERATOR_BYTES`, at
+    most half the memory free there now (host memory where the system says; a CUDA device's
+    own free memory)."""
+    if device is not None and device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = available_memory()
     return DENSE_OPERATOR_BYTES if free is None else min(DENSE_OPERATOR_BYTES, free // 2)
 
 
@@ -85,7 +89,7 @@ class KernelOperator:
                  max_bytes: int | None = None):
         self.kernel, self.x, self.noise = kernel, x, noise
         self.chunk_size, self.backend = chunk_size, backend
-        limit = dense_operator_limit() if max_bytes is None else max_bytes
+        limit = dense_operator_limit(x.device) if max_bytes is None else max_bytes
         self.cacheable = x.shape[0] ** 2 * x.element_size() <= limit
         self.dense: Tensor | None = None
 
