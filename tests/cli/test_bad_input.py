@@ -201,8 +201,19 @@ def test_metrics_json_is_strict_json(tmp_path, capsys, monkeypatch):
 # -- file integrity -------------------------------------------------------------------------------
 
 def _overwrite_middle(path):
+    """Overwrite 200 bytes in the middle of the largest record of the (zip) checkpoint: its
+    data, not the archive's headers, whatever the optimiser's state makes the layout."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        record = max(archive.infolist(), key=lambda info: info.file_size)
     raw = bytearray(path.read_bytes())
-    mid = len(raw) // 2
+    head = record.header_offset  # local file header: 30 bytes, then the name and extra field
+    name_len = int.from_bytes(raw[head + 26:head + 28], "little")
+    extra_len = int.from_bytes(raw[head + 28:head + 30], "little")
+    start = head + 30 + name_len + extra_len
+    assert record.file_size > 400
+    mid = start + record.file_size // 2 - 100
     raw[mid:mid + 200] = bytes(range(200))
     path.write_bytes(bytes(raw))
 

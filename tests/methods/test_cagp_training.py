@@ -11,7 +11,8 @@ from torch import nn
 
 from gpscale.io import load, save
 from gpscale.kernels import kernel_matrix
-from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
+from gpscale.linalg.operators.block_sparse import BlockLayout
+from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy, local_assignment
 from gpscale.methods import _cagp_cg, build, cagp
 from gpscale.training import FitConfig, default_fit_config, fit
 
@@ -293,3 +294,42 @@ def test_policy_state_dict_holds_actions_and_assignment():
     policy = LearnedBlockSparsePolicy(20, 6, seed=3)
     assert set(policy.state_dict()) == {"values", "index"}
     assert sorted(policy.index.tolist()) == list(range(20))
+
+
+@pytest.mark.parametrize(("n", "i"), [(1000, 7), (1000, 64), (301, 300)])
+def test_local_assignment_cuts_the_inputs_into_disjoint_cells(n, i):
+    """Local blocks: a permutation; every block of the layout is an axis-aligned cell (k-d tree
+    leaves), so the cells' bounding boxes overlap in volume nowhere; sizes follow the layout."""
+    x = torch.rand(n, 2, generator=torch.Generator().manual_seed(n + i), dtype=torch.float64)
+    layout = BlockLayout(n, i)
+    index = local_assignment(x, layout)
+    assert sorted(index.tolist()) == list(range(n))
+    boxes, start = [], 0
+    for size in layout.sizes():
+        cell = x[index[start:start + size]]
+        boxes.append((cell.min(0).values, cell.max(0).values))
+        start += size
+    for a in range(len(boxes)):
+        for b in range(a + 1, len(boxes)):
+            lo = torch.maximum(boxes[a][0], boxes[b][0])
+            hi = torch.minimum(boxes[a][1], boxes[b][1])
+            assert float((hi - lo).clamp_min(0).prod()) < 1e-12  # no shared area
+    # a cell is much smaller than the domain: mean box area ≈ 1 / i for uniform points
+    area = sum(float((hi - lo).prod()) for lo, hi in boxes) / len(boxes)
+    assert area < 2.0 / i
+
+
+def test_local_blocks_are_saved_and_reloaded(tmp_path):
+    """blocks='local' stores its assignment in the state dict: a registry rebuild predicts the
+    same; an unknown assignment is a ValueError naming the option."""
+    x, y = toy_data(60)
+    model = build("cagp-opt", D, init=(x, y), num_actions=6, blocks="local",
+                  action_init="eigen")
+    assert not torch.equal(model.policy.index, LearnedBlockSparsePolicy(60, 6).index)
+    path = save(model, tmp_path / "local.pt", data=(x, y))
+    loaded = load(path)
+    torch.testing.assert_close(loaded.policy.index, model.policy.index, rtol=0, atol=0)
+    a, b = predict_dense(model, x, y, x[:5]), predict_dense(loaded, x, y, x[:5])
+    torch.testing.assert_close(b.mean, a.mean, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="blocks"):
+        build("cagp-opt", D, init=(x, y), num_actions=6, blocks="kmeans")

@@ -115,6 +115,36 @@ def test_condition_needs_only_the_statistics_and_training_computes_them_once(mon
     torch.testing.assert_close(loss(model, x, y), model.loss(model.condition(x, y)))
 
 
+def test_statistics_memo_reuses_a_pass_over_the_same_tensors_only(monkeypatch):
+    """Training's pass serves conditioning afterwards (the same x, y objects); an in-place
+    change of y, other tensors with equal values, or a copy of the model pass again."""
+    import copy
+
+    import gpscale.methods.ski as ski_module
+
+    x, y = _data()
+    model = build("ggp", 2, init=(x, y), grid_size=[10, 9], rtol=1e-10, **PRIOR)
+    passes = []
+    real = ski_module.sufficient_statistics
+    monkeypatch.setattr(ski_module, "sufficient_statistics",
+                        lambda *a, **k: passes.append(1) or real(*a, **k))
+    fit(model, None, (x, y), FitConfig(lr=0.05, epochs=2, progress=False))
+    state = model.posterior(x, y)
+    assert len(passes) == 1
+    x2, y2 = x.clone(), y.clone()
+    torch.testing.assert_close(model.condition(x2, y2).mean_weights, state.mean_weights,
+                               rtol=0, atol=0)  # recomputed: the same numbers
+    assert len(passes) == 2
+    model.condition(x2, y2)
+    assert len(passes) == 2
+    y2.add_(1.0)  # in place: the memo no longer applies
+    shifted = model.condition(x2, y2)
+    assert len(passes) == 3
+    assert not torch.allclose(shifted.mean_weights, state.mean_weights)
+    copy.deepcopy(model).condition(x2, y2)
+    assert len(passes) == 4
+
+
 @pytest.mark.parametrize("chunk_size", [1, 37, 500])
 def test_statistics_do_not_depend_on_chunking_or_order(chunk_size):
     """§10.7: WᵀW, Wᵀy, yᵀy, n over any chunking or permutation equal the one-shot values."""

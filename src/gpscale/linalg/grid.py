@@ -151,20 +151,31 @@ class Interpolation:
     num_grid: int
 
     def matmul(self, v: Tensor) -> Tensor:
-        """W v for v (m,) or (m, k): a gather, O(n s^d k)."""
+        """W v for v (m,) or (m, k): a gather, O(n s^d k).
+
+        With k columns the gather runs one support node at a time, so its temporaries are
+        (n, k), not (n, s^d, k): for a chunk of 10⁵ rows, 64 nodes (cubic, 3-D) and 16
+        columns that is 13 MB instead of 820 MB allocated and returned to the system per call.
+        """
         if v.dim() == 1:
             return (v[self.index] * self.weight).sum(-1)
-        return torch.einsum("nsk,ns->nk", v[self.index], self.weight.to(v.dtype))
+        w = self.weight.to(v.dtype)
+        out = v[self.index[:, 0]] * w[:, :1]
+        for j in range(1, self.index.shape[1]):
+            out += v[self.index[:, j]] * w[:, j:j + 1]
+        return out
 
     def rmatmul(self, u: Tensor) -> Tensor:
-        """Wᵀ u for u (n,) or (n, k): a scatter-add, O(n s^d k)."""
+        """Wᵀ u for u (n,) or (n, k): a scatter-add, O(n s^d k), by support node with k
+        columns (temporaries (n, k); see :meth:`matmul`)."""
         w = self.weight.to(u.dtype)
-        flat = self.index.reshape(-1)
         if u.dim() == 1:
             out = u.new_zeros(self.num_grid)
-            return out.index_add_(0, flat, (w * u[:, None]).reshape(-1))
+            return out.index_add_(0, self.index.reshape(-1), (w * u[:, None]).reshape(-1))
         out = u.new_zeros(self.num_grid, u.shape[1])
-        return out.index_add_(0, flat, (w[:, :, None] * u[:, None, :]).reshape(-1, u.shape[1]))
+        for j in range(self.index.shape[1]):
+            out.index_add_(0, self.index[:, j], u * w[:, j:j + 1])
+        return out
 
     def to_dense(self) -> Tensor:
         """Dense W (n, m); for tests on small problems only."""

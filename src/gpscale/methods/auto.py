@@ -56,7 +56,8 @@ GRID_MAX_DIMS = 3
 CAGP_MAX_N = 10_000
 """Largest n for CaGP-Opt (an epoch is O(n²·i): 5 s at 41k points here). Re-measured in
 session 28 with the native kernels, defaults, 300 s each: Elevators (15k) NLL 0.454 vs
-SOLVE-GP 0.439, Protein (41k) 1.288 vs 0.979 — SOLVE-GP stays the choice above 10k."""
+SOLVE-GP 0.439, Protein (41k) 1.288 vs 0.979 — SOLVE-GP stays the choice above 10k. Session 31
+(local blocks, the default since): Elevators 0.443, Protein 1.062 — still behind."""
 ITERNCGP_MAX_NC = 200_000
 """Largest n·C (latent function values) for IterNCGP; SVGP beyond."""
 EXACT_MEMORY_COPIES = 4

@@ -49,6 +49,7 @@ Deviations and choices (the paper is silent unless stated):
 - log det SᵀS = Σ_j log ‖s'_j‖² for block-sparse S, as Eq. (11) states: invariant to rescaling
   an action. The authors' code takes log Σ_j ‖s'_j‖², which is not (notes/001 §8.3).
 - i ∤ n: blocks of ⌊n/i⌋ and ⌊n/i⌋ + 1 points cover all n (the code truncates the data).
+- Blocks are cells of the inputs by default (``blocks='local'``; the code: random subsets).
 - CG actions carry no gradient and are re-orthonormalised (:mod:`gpscale.linalg.policies.residual`).
 - The prior mean is GPyTorch's learned constant (the paper: zero mean), like the baselines.
 """
@@ -74,12 +75,14 @@ from gpscale.kernels import (
     kernel_matmul,
     kernel_matrix,
 )
-from gpscale.linalg.operators.block_sparse import BlockSparseActions
+from gpscale.linalg.operators.block_sparse import BlockLayout, BlockSparseActions
 from gpscale.linalg.ops import Matmul, gram, safe_cholesky, upcast
 from gpscale.linalg.policies.block_sparse import (
     ACTION_INITS,
+    BLOCK_ASSIGNMENTS,
     LearnedBlockSparsePolicy,
     initial_values,
+    local_assignment,
 )
 from gpscale.linalg.policies.residual import ResidualPolicy
 from gpscale.methods._cagp_cg import (
@@ -349,9 +352,9 @@ def _(S: BlockSparseActions, kernel, x: Tensor, x_rows: Tensor | None, chunk_siz
 
 def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
                    init: tuple[Tensor, Tensor] | None = None, num_actions: int | None = None,
-                   action_init: str = "random", num_train: int | None = None, seed: int = 0,
-                   objective: str = "elbo", chunk_size: int | None = None,
-                   backend: str = "auto", **prior: Any) -> CaGP:
+                   action_init: str = "random", blocks: str = "local",
+                   num_train: int | None = None, seed: int = 0, objective: str = "elbo",
+                   chunk_size: int | None = None, backend: str = "auto", **prior: Any) -> CaGP:
     """Factory of ``cagp-opt``: learned block-sparse actions (see :mod:`gpscale.methods.registry`).
 
     Args:
@@ -361,8 +364,9 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
         init: ``(x, y)``: initial hyperparameters and actions from the data; ``None`` allocates
             zero actions for ``num_train`` points, to be overwritten by ``load_state_dict``.
         num_actions: i.
-        action_init: ``'random'``, ``'targets'`` or ``'eigen'``
-            (:func:`~gpscale.linalg.policies.block_sparse.initial_values`).
+        action_init: ``'random'``, ``'targets'`` or ``'eigen'`` (see ``initial_values``).
+        blocks: ``'local'`` (cells of the inputs, :func:`~gpscale.linalg.policies.block_sparse.
+            local_assignment` of ``init``) or ``'random'`` (the authors' code: random subsets).
         num_train: n; required when ``init`` is None, else taken from ``init``.
         seed: seeds the block assignment and the random action entries.
         objective: ``'elbo'`` or ``'projected_nll'``.
@@ -375,17 +379,22 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
             ``num_actions``, a ``num_train`` that contradicts ``init``, or unknown options.
     """
     check_task_and_init("cagp-opt", task, ("regression",), num_dims, init)
-    if action_init not in ACTION_INITS:
-        raise ValueError(f"unknown action_init {action_init!r}; valid: {', '.join(ACTION_INITS)}")
+    for name, value, valid in (("action_init", action_init, ACTION_INITS),
+                               ("blocks", blocks, BLOCK_ASSIGNMENTS)):
+        if value not in valid:
+            raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
     n = _num_train(init, num_train)
     num_actions = default_size(num_actions, n, 512, 2, "num_actions")
     check_num_points(n, num_actions, "actions")
     opts = prior_options(init, task, num_dims, **prior)
     mean, kernel = prior_modules(num_dims, opts)
-    policy = LearnedBlockSparsePolicy(n, num_actions, seed=seed)
+    index = (local_assignment(init[0], BlockLayout(n, num_actions))
+             if init is not None and blocks == "local" else None)
+    policy = LearnedBlockSparsePolicy(n, num_actions, seed=seed, index=index)
     model = CaGP(mean, kernel, gaussian_likelihood(opts["noise"]), policy, objective=objective,
                  num_dims=num_dims, chunk_size=chunk_size, backend=backend,
                  options={"num_actions": num_actions, "action_init": action_init,
+                          "blocks": blocks,
                           "num_train": n, "seed": seed, "objective": objective,
                           "chunk_size": chunk_size, "backend": backend, **opts})
     model = follow_init(model, init)
@@ -442,10 +451,10 @@ def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int |
 
 
 def _num_train(init: tuple[Tensor, Tensor] | None, num_train: int | None) -> int:
+    if init is None and num_train is None:
+        raise ValueError("cagp-opt needs num_train (the training points the actions belong to) "
+                         "when init is None")
     if init is None:
-        if num_train is None:
-            raise ValueError("cagp-opt needs num_train (the number of training points the "
-                             "actions belong to) when init is None")
         return int(num_train)
     if num_train is not None and num_train != init[0].shape[0]:
         raise ValueError(f"num_train={num_train} contradicts the {init[0].shape[0]} init points")
@@ -466,6 +475,8 @@ register(MethodSpec(
     options=(
         _NUM_ACTIONS,
         Option("action_init", "str", "random", "initial action entries", choices=ACTION_INITS),
+        Option("blocks", "str", "local", "an action's block: local (a cell of the inputs) or "
+               "random (the paper's code)", choices=BLOCK_ASSIGNMENTS),
         Option("seed", "int", 0, "seeds the block assignment and the random action entries"),
         _OBJECTIVE, *KERNEL_PRODUCT_OPTIONS, *PRIOR_OPTIONS,
         Option("num_train", "int", None, "number of training points n", minimum=1,

@@ -95,7 +95,12 @@ from gpscale.methods._common import (
     prior_modules,
     prior_options,
 )
-from gpscale.methods._ski_parts import SufficientStatistics, grid_options, sufficient_statistics
+from gpscale.methods._ski_parts import (
+    StatisticsMemo,
+    SufficientStatistics,
+    grid_options,
+    sufficient_statistics,
+)
 from gpscale.methods._ski_solve import (
     GridState,
     condition_statistics,
@@ -183,6 +188,7 @@ class GGP(Method):
         super().__init__(task="regression", options=options)
         self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
         self.num_dims = num_dims
+        self._memo = StatisticsMemo()
 
     @property
     def grid(self) -> Grid:
@@ -193,17 +199,24 @@ class GGP(Method):
         return self.likelihood.noise.squeeze(-1)
 
     def statistics(self, data, chunk_size: int = 100_000) -> SufficientStatistics:
-        """One streaming pass over ``data`` (see :func:`sufficient_statistics`)."""
-        stats = sufficient_statistics(data, self.grid, num_probes=self.options["num_probes"],
-                                      seed=self.options["seed"], chunk_size=chunk_size,
+        """One streaming pass over ``data`` (see :func:`sufficient_statistics`); the same
+        ``(x, y)`` tensors again reuse the last pass (:class:`StatisticsMemo`)."""
+        o = self.options
+        settings = (self.grid, o["num_probes"], o["seed"], o["wtw_format"], self.noise.device)
+        stats = self._memo.get(data, settings)
+        if stats is not None:
+            return stats
+        stats = sufficient_statistics(data, self.grid, num_probes=o["num_probes"],
+                                      seed=o["seed"], chunk_size=chunk_size,
                                       device=self.noise.device)
-        if self.options["wtw_format"] == "csr":
+        if o["wtw_format"] == "csr":
             stats = dataclasses.replace(stats, gram_csr=stats.gram.to_csr())
+        self._memo.put(data, settings, stats)
         return stats
 
     def condition(self, x: Tensor, y: Tensor) -> GridState:
-        """Statistics of (x, y) (one O(n) pass) then :meth:`condition_stats`; nothing is kept
-        on the module (training computes the statistics once: :meth:`training_loss`)."""
+        """Statistics of (x, y) (one O(n) pass, or the memo of the last pass over the same
+        tensors) then :meth:`condition_stats`; no parameter or buffer of the module changes."""
         check_x(x, num_dims=self.num_dims)
         check_xy(x, y)
         return self.condition_stats(self.statistics((x, y)))

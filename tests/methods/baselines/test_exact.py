@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gpscale.methods import build
+from gpscale.training import FitConfig, fit, resolve_fit_config
 
 from ._dense import exact_posterior, gaussian_logpdf, matern32
 
@@ -82,3 +83,23 @@ def test_follows_init_dtype(toy_regression):
     x, y = toy_regression
     model = build("exact", 2, init=(x.float(), y.float()))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_default_training_is_lbfgs_and_reaches_the_maximum_likelihood(toy_regression):
+    """The exact key's defaults (L-BFGS, 5 iterations an epoch, plateau of 2 epochs) converge
+    on their own to the maximum of log p(y): a gradient near zero and the loss of a long
+    L-BFGS run (200 iterations an epoch)."""
+    x, y = toy_regression
+    config = resolve_fit_config("exact", x.shape[0], progress=False)
+    assert (config.optimizer, config.lr, config.lbfgs_max_iter) == ("lbfgs", 1.0, 5)
+    model = build("exact", 2, init=(x, y))
+    history = fit(model, None, (x, y), config)
+    assert history.stopped == "converged"
+    loss = model.loss(model.condition(x, y))
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    assert max(float(g.abs().max()) for g in grads) < 1e-4
+    reference = build("exact", 2, init=(x, y))
+    fit(reference, None, (x, y), FitConfig(optimizer="lbfgs", lr=1.0, lbfgs_max_iter=200,
+                                           epochs=3, progress=False))
+    best = float(reference.loss(reference.condition(x, y)).detach())
+    assert abs(float(loss.detach()) - best) < 1e-6
