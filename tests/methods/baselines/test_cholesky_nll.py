@@ -7,7 +7,7 @@ import torch
 
 from gpscale.errors import NumericalError
 from gpscale.methods import build
-from gpscale.methods.baselines._cholesky_nll import cholesky_factor, cholesky_nll
+from gpscale.methods.baselines._cholesky_nll import cholesky_nll
 from gpscale.methods.baselines._exactgp import negative_mll
 
 from ._dense import gaussian_logpdf
@@ -57,17 +57,24 @@ def test_exact_loss_equals_gpytorch_mll_value_and_gradients(toy_regression, kern
         torch.testing.assert_close(g, e, rtol=1e-7, atol=1e-10)
 
 
-def test_singular_matrix_is_factorised_with_jitter():
-    """A rank-one PSD matrix fails the plain Cholesky; the first retry's jitter 1e-6 works."""
+def test_singular_matrix_is_factorised_with_jitter_and_a_warning():
+    """K = vvᵀ (rank one) with σ² = 0 fails the plain Cholesky; the first retry's jitter 1e-6
+    works and is named: the loss is that of K + 1e-6 I."""
     v = torch.arange(1.0, 5.0, dtype=torch.float64)
-    factor = cholesky_factor(torch.outer(v, v), 1e-6, 3)
+    r = torch.tensor([0.3, -0.1, 0.2, 0.5], dtype=torch.float64)
+    zero = torch.tensor(0.0, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="jitter of order 1e-06"):
+        got = cholesky_nll(torch.outer(v, v), zero, r, jitter=1e-6, max_tries=3)
     shifted = torch.outer(v, v) + 1e-6 * torch.eye(4, dtype=torch.float64)
-    torch.testing.assert_close(factor @ factor.T, shifted, rtol=1e-9, atol=1e-12)
+    expected = -gaussian_logpdf(r, torch.zeros_like(r), shifted) / 4
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
 
 
 def test_indefinite_matrix_raises_naming_size_and_jitter():
-    """An eigenvalue −1 survives jitter up to 1e-6: a NumericalError with shape and jitter."""
-    khat = torch.diag(torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64))
-    with pytest.raises(NumericalError, match=r"3 × 3, torch.float64.*last jitter 1.0e-06"):
-        cholesky_factor(khat, 1e-8, 3)
-    assert khat[1, 1] == -1.0  # the input is untouched
+    """An eigenvalue −1 survives jitter up to 1e-6: a NumericalError with shape and jitter;
+    the input is untouched."""
+    K = torch.diag(torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64))
+    r, zero = torch.ones(3, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)
+    with pytest.raises(NumericalError, match=r"\(3, 3\) \(torch.float64\).*1e-06"):
+        cholesky_nll(K, zero, r, jitter=1e-8, max_tries=3)
+    assert K[1, 1] == -1.0

@@ -16,9 +16,10 @@ n = 5,287, BENCHMARKS "defaults"); here the backward is one ``cholesky_inverse``
 and one rank-one update in place, so an epoch costs the kernel matrix, a Cholesky, an inverse
 and the kernel's own backward. Memory: K̂'s factor and, in the backward, one n×n inverse.
 
-Jitter follows GPyTorch's rule for a failed factorisation (``cholesky_jitter`` first, ×10 on each
-of ``max_tries`` retries); the jitter is a constant of the loss. A matrix that stays indefinite
-raises :class:`~gpscale.errors.NumericalError` naming its size, dtype and the last jitter.
+A failed factorisation is retried with jitter by :func:`~gpscale.linalg.ops.safe_cholesky`
+(``cholesky_jitter`` first, ×10 on each of ``max_tries`` retries, GPyTorch's rule; a warning
+names it); the jitter is a constant of the loss. A matrix that stays indefinite raises
+:class:`~gpscale.errors.NumericalError` naming its size, dtype and the last jitter.
 """
 
 from __future__ import annotations
@@ -28,34 +29,9 @@ import math
 import torch
 from torch import Tensor
 
-from gpscale.errors import NumericalError
+from gpscale.linalg.ops import safe_cholesky
 
-__all__ = ["cholesky_factor", "cholesky_nll"]
-
-
-def cholesky_factor(khat: Tensor, jitter: float, max_tries: int, what: str = "kernel matrix"
-                    ) -> Tensor:
-    """Lower Cholesky factor of ``khat``, adding ``jitter``·10^k on retry k = 0 … max_tries − 1.
-
-    ``khat`` is not modified. Raises :class:`NumericalError` when every try fails.
-    """
-    factor, info = torch.linalg.cholesky_ex(khat)
-    if not bool(info.any()):
-        return factor
-    added = 0.0
-    for k in range(max_tries):
-        step = jitter * 10.0**k
-        shifted = khat.clone()
-        shifted.diagonal().add_(step)
-        factor, info = torch.linalg.cholesky_ex(shifted)
-        added = step
-        del shifted
-        if not bool(info.any()):
-            return factor
-    raise NumericalError(
-        f"the {what} ({khat.shape[0]} × {khat.shape[1]}, {khat.dtype}) is not positive definite "
-        f"after {max_tries} jittered tries (last jitter {added:.1e}). Increase "
-        "cholesky_jitter_double (or _float), train in float64, or start from a larger noise.")
+__all__ = ["cholesky_nll"]
 
 
 class _CholeskyNLL(torch.autograd.Function):
@@ -66,7 +42,8 @@ class _CholeskyNLL(torch.autograd.Function):
                 max_tries: int) -> Tensor:
         khat = kernel_matrix.detach().clone()
         khat.diagonal().add_(noise.detach())
-        factor = cholesky_factor(khat, jitter, max_tries)
+        factor = safe_cholesky(khat, jitter=jitter, max_tries=max_tries,
+                               name="exact GP kernel matrix K + σ²I")
         del khat
         r = residual.detach()
         alpha = torch.cholesky_solve(r.unsqueeze(-1), factor).squeeze(-1)
@@ -99,6 +76,6 @@ def cholesky_nll(kernel_matrix: Tensor, noise: Tensor, residual: Tensor, *, jitt
         kernel_matrix: (n, n) dense prior covariance K (without noise).
         noise: scalar noise variance σ².
         residual: (n,) r = y − m(x).
-        jitter, max_tries: the retry rule of :func:`cholesky_factor`.
+        jitter, max_tries: first jitter and retries of a failed factorisation.
     """
     return _CholeskyNLL.apply(kernel_matrix, noise.reshape(()), residual, jitter, max_tries)
