@@ -186,6 +186,14 @@ def test_cli_bad_option_is_one_line_exit_2(capsys, option, fragment):
     assert fragment in err and "Traceback" not in err
 
 
+def test_cli_wrong_number_of_lengthscales_is_one_line_exit_2(capsys):
+    rc, out, err = _cli(capsys, "fit", "--dataset", "relevant32", "--data-option", "n=300",
+                        "--method", "svgp", "-o", "lengthscale=1,2", "--epochs", "1")
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert "lengthscale takes one value, or one per input dimension with ard=true (32 here); " \
+           "got 2 values" in err
+
+
 def test_cli_option_for_another_method(capsys):
     rc, _, err = _cli(capsys, "fit", "--dataset", "elevators", "--method", "exact",
                       "-o", "num_inducing=8")
@@ -224,3 +232,31 @@ def test_default_sizes_scale_with_small_data(key, name, expected):
     y = torch.sin(6 * x[:, 0])
     assert build(key, 2, init=(x, y)).options[name] == expected
     assert build(key, 2, init=(x, y), **{name: 7}).options[name] == 7
+
+
+_LENGTHSCALE_KEYS = sorted(k for k, spec in METHODS.items()
+                           if "regression" in spec.tasks and spec.prefit is False
+                           and any(o.name == "lengthscale" for o in spec.options)
+                           and any(o.name == "ard" for o in spec.options))
+
+
+def _lengthscales(model: torch.nn.Module) -> list[float]:
+    ells = [m.lengthscale for m in model.modules()
+            if isinstance(getattr(m, "lengthscale", None), torch.Tensor)]
+    assert ells, f"{type(model).__name__} has no kernel with lengthscales"
+    return ells[0].detach().reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("key", _LENGTHSCALE_KEYS)
+def test_one_initial_lengthscale_per_input(key):
+    """``-o lengthscale=a,b`` sets one ARD lengthscale per input (it raised a TypeError from
+    ``float(list)`` before session 32); a wrong count is a ValueError naming d."""
+    x, y, _ = toy_problem(n=64)
+    options = SMALL_OPTIONS.get(key, {})
+    model = build(key, 2, init=(x, y), **options, lengthscale=[0.5, 2.0])
+    assert _lengthscales(model) == pytest.approx([0.5, 2.0], rel=1e-6)
+    assert build(key, 2, init=(x, y), **options, lengthscale=[0.7]).options["lengthscale"] == 0.7
+    with pytest.raises(ValueError, match=r"one per input dimension with ard=true \(2 here\)"):
+        build(key, 2, init=(x, y), **options, lengthscale=[0.5, 1.0, 2.0])
+    with pytest.raises(ValueError, match="got 2 values with ard=False"):
+        build(key, 2, init=(x, y), **options, ard=False, lengthscale=[0.5, 2.0])

@@ -94,11 +94,30 @@ def prior_options(init: tuple[Tensor, Tensor] | None, task: str, num_dims: int, 
     return {
         "kernel": kernel,
         "ard": bool(ard),
-        "lengthscale": float(math.sqrt(num_dims) if lengthscale is None else lengthscale),
+        "lengthscale": _lengthscale_value(lengthscale, num_dims, ard),
         "outputscale": float(var_y if outputscale is None else outputscale),
         "noise": float(DEFAULT_NOISE_FRACTION * var_y if noise is None else noise),
         "mean_constant": float(mean_y if mean_constant is None else mean_constant),
     }
+
+
+def _lengthscale_value(value: Any, num_dims: int, ard: bool) -> float | list[float]:
+    """The initial lengthscale option: √d when ``None``, a float, or (with ``ard``) a list of
+    d floats, one per input; a list of one value is that value."""
+    if value is None:
+        return float(math.sqrt(num_dims))
+    if not isinstance(value, (list, tuple)):
+        return float(value)
+    values = [float(v) for v in value]
+    if len(values) == 1:
+        return values[0]
+    if not ard or len(values) != num_dims:
+        raise ValueError(f"lengthscale takes one value, or one per input dimension with "
+                         f"ard=true ({num_dims} here); got {len(values)} values with "
+                         f"ard={bool(ard)}")
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"lengthscales must be positive and finite; got {values}")
+    return values
 
 
 def prior_modules(num_dims: int, opts: dict[str, Any], batch_shape: torch.Size | None = None
@@ -113,7 +132,7 @@ def prior_modules(num_dims: int, opts: dict[str, Any], batch_shape: torch.Size |
     kernel = make_kernel(opts["kernel"], num_dims, ard=opts["ard"], batch_shape=batch_shape)
     # make_kernel returns ScaleKernel(base); initialise through GPyTorch's dotted names.
     kernel.initialize(**{"outputscale": opts["outputscale"],
-                         "base_kernel.lengthscale": opts["lengthscale"]})
+                         "base_kernel.lengthscale": torch.as_tensor(opts["lengthscale"])})
     return mean, kernel
 
 

@@ -38,7 +38,8 @@ import numpy as np
 from gpscale.kernels import BACKENDS, KERNELS
 
 __all__ = ["Option", "OptionError", "resolve_options", "coerce", "describe_options",
-           "PRIOR_OPTIONS", "INDUCING_OPTIONS", "KERNEL_PRODUCT_OPTIONS", "prior_options_with"]
+           "PRIOR_OPTIONS", "PREFIT_OPTIONS", "INDUCING_OPTIONS", "KERNEL_PRODUCT_OPTIONS",
+           "prior_options_with"]
 
 KINDS = ("int", "float", "bool", "str", "floats", "ints", "bounds")
 _TRUE = ("true", "yes", "on", "1")
@@ -281,6 +282,15 @@ def prior_options_with(*, kernel: str = "matern32", ard: bool = True,
 
 
 PRIOR_OPTIONS = prior_options_with()
+
+PREFIT_OPTIONS = (
+    Option("prefit", "str", "off", "exact: start the lengthscales, outputscale and noise not "
+           "given from an exact GP fitted to a random subset (L-BFGS; train with --lr 0.1); "
+           "off: √d, var(y), 0.1 var(y)", choices=("exact", "off")),
+    Option("prefit_size", "int", 2000, "points of the pre-fit's subset", minimum=2),
+)
+"""Options of a regression method whose training starts from an exact GP on a subset (run by
+the training harness, :func:`gpscale.training.prefit.fill_prefit_options`)."""
 
 INDUCING_OPTIONS = (
     Option("num_inducing", "int", None, "inducing points m (k-means initialised); none: "

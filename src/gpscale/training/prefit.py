@@ -1,34 +1,74 @@
-"""The hyperparameter pre-fit of the methods that keep their kernel fixed (``iterncgp``,
-``sod-laplace``): a short SVGP fit supplies the lengthscale and outputscale the user did not
-give (paper 000, §C.4). It is a training step, so it lives here and the harness
-(:func:`gpscale.training.harness.build_method`) runs it before building the method.
+"""Hyperparameter pre-fits, run by the harness (:func:`gpscale.training.harness.build_method`)
+before it builds a method: training steps, so they live here.
+
+- The methods that keep their kernel fixed (``iterncgp``, ``sod-laplace``; a registry entry with
+  ``prefit=True``): a short SVGP fit supplies the lengthscale and outputscale the user did not
+  give (paper 000, §C.4).
+- A regression method whose ``prefit`` option (:data:`~gpscale.methods.options.PREFIT_OPTIONS`,
+  ``cagp-opt``; opt-in) is ``'exact'``: an exact GP fitted to ``prefit_size`` random training
+  points (the ``exact`` key's L-BFGS defaults, at most :data:`EXACT_PREFIT_SECONDS`) supplies
+  the lengthscales, outputscale and noise not given. CaGP-Opt's epoch is O(n²), so at
+  n ≳ 30,000 its 300 s budget holds ~60–90 epochs: from √d lengthscales that ends far from
+  converged (Kin40k test NLL 0.065, SVGP −0.143), from the subset's values (and lr 0.1) it
+  reaches −0.52. Not the default: on Bike the subset's maximum likelihood is degenerate (noise
+  at its 1e-4 floor, lengthscales ~10⁶, outputscale ~2,000) and CaGP-Opt from there predicts
+  with test NLL +8.4 (BENCHMARKS "defaults").
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
+import warnings
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from gpscale.errors import NumericalError
 from gpscale.kernels import kernel_hyperparameters
 from gpscale.methods.registry import build, get_spec
-from gpscale.training.config import FitConfig
+from gpscale.training.config import METHOD_DEFAULTS, FitConfig
 from gpscale.training.fit import fit
 
-__all__ = ["prefit_hyperparameters", "fill_prefit_options"]
+__all__ = ["prefit_hyperparameters", "fill_prefit_options", "exact_prefit",
+           "EXACT_PREFIT_SECONDS"]
+
+log = logging.getLogger("gpscale.training")
+
+EXACT_PREFIT_SECONDS = 60.0
+"""Most seconds of the exact-GP pre-fit's L-BFGS (n = 2,000, d = 8: ~40 s here)."""
+
+_PRIOR_KEYS = ("lengthscale", "outputscale", "noise")
 
 
 def fill_prefit_options(method: str, train: tuple[Tensor, Tensor], *, task: str,
                         num_classes: int | None, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with a missing ``lengthscale`` / ``outputscale`` of a pre-fit method (a
-    registry entry with ``prefit=True``) filled in by :func:`prefit_hyperparameters`, using its
-    ``prefit_*`` options; other methods' options are returned unchanged."""
+    """``options`` with the missing prior options filled in by a pre-fit: ``lengthscale``,
+    ``outputscale`` and ``noise`` by :func:`exact_prefit` for a regression method whose
+    ``prefit`` option is ``'exact'`` (a failed pre-fit warns and leaves them to the defaults);
+    ``lengthscale`` and ``outputscale`` by :func:`prefit_hyperparameters` for a fixed-kernel
+    method (a registry entry with ``prefit=True``), using its ``prefit_*`` options. Other
+    methods' options are returned unchanged."""
     spec = get_spec(method)
+    opts = spec.resolve(options)
+    if opts.get("prefit") == "exact" and task == "regression":
+        missing = [k for k in _PRIOR_KEYS if opts[k] is None]
+        if not missing:
+            return options
+        try:
+            found = exact_prefit(*train, kernel=opts["kernel"], ard=opts["ard"],
+                                 size=opts["prefit_size"], seed=opts.get("seed", 0))
+        except (NumericalError, RuntimeError) as err:  # a start value only: recover
+            warnings.warn(f"{method}: the exact-GP pre-fit of the hyperparameters failed "
+                          f"({err}); training starts from the default values (√d, var(y), "
+                          f"0.1 var(y)); -o prefit=off skips the pre-fit", stacklevel=2)
+            return options
+        return {**options, **{k: found[k] for k in missing}}
     if not spec.prefit:
         return options
-    opts = spec.resolve(options)
     if opts["lengthscale"] is not None and opts["outputscale"] is not None:
         return options
     x, y = train
@@ -81,3 +121,37 @@ def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int 
         return (ls.tolist() if ard else ls[:, 0].tolist()), os_.tolist()
     ls = ls.log().mean(0).exp()  # geometric mean over classes, (d,) or (1,)
     return (ls.tolist() if ard else float(ls[0])), float(os_.mean())
+
+
+def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, seed: int,
+                 max_time: float = EXACT_PREFIT_SECONDS) -> dict[str, Any]:
+    """Lengthscale(s), outputscale and noise of an exact GP (float64, the ``exact`` key's L-BFGS
+    defaults within ``max_time`` seconds) fitted to ``size`` training points drawn at random
+    (all of them when n ≤ ``size``). Returns ``{"lengthscale", "outputscale", "noise"}``, the
+    lengthscale a list of d floats with ``ard``."""
+    n = x.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randperm(n, generator=generator)[:size] if n > size else torch.arange(n)
+    xs, ys = x[rows.to(x.device)].double().cpu(), y[rows.to(y.device)].double().cpu()
+    tic = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build("exact", x.shape[1], init=(xs, ys), kernel=kernel, ard=ard)
+        config = replace(METHOD_DEFAULTS["exact"], max_time=max_time, progress=False, seed=seed)
+        history = fit(model, None, (xs, ys), config)
+    hp = kernel_hyperparameters(model.kernel)
+    if hp is None:
+        raise ValueError(f"cannot read the hyperparameters of the pre-fitted {kernel!r} kernel")
+    ls = hp.lengthscale.detach().reshape(-1)
+    values = torch.cat([ls.double(), hp.outputscale.detach().double().reshape(1),
+                        model.likelihood.noise.detach().double().reshape(1)])
+    if not bool(torch.isfinite(values).all()):
+        raise NumericalError(f"non-finite hyperparameters {values.tolist()}")
+    found = {"lengthscale": ls.tolist() if ard else float(ls[0]),
+             "outputscale": float(hp.outputscale.detach()),
+             "noise": float(model.likelihood.noise.detach())}
+    log.info("pre-fit: exact GP on %d of %d points, %.1f s (%s): outputscale %.3g, noise %.3g, "
+             "lengthscales %s", xs.shape[0], n, time.perf_counter() - tic, history.stopped,
+             found["outputscale"], found["noise"],
+             ", ".join(f"{v:.3g}" for v in ls.tolist()))
+    return found
