@@ -142,16 +142,13 @@ def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, see
     hp = kernel_hyperparameters(model.kernel)
     if hp is None:
         raise ValueError(f"cannot read the hyperparameters of the pre-fitted {kernel!r} kernel")
-    ls = hp.lengthscale.detach().reshape(-1)
-    values = torch.cat([ls.double(), hp.outputscale.detach().double().reshape(1),
-                        model.likelihood.noise.detach().double().reshape(1)])
-    if not bool(torch.isfinite(values).all()):
-        raise NumericalError(f"non-finite hyperparameters {values.tolist()}")
-    found = {"lengthscale": ls.tolist() if ard else float(ls[0]),
-             "outputscale": float(hp.outputscale.detach()),
+    ls = hp.lengthscale.detach().reshape(-1).tolist()
+    found = {"lengthscale": ls if ard else ls[0], "outputscale": float(hp.outputscale.detach()),
              "noise": float(model.likelihood.noise.detach())}
+    if not all(math.isfinite(v) for v in (*ls, found["outputscale"], found["noise"])):
+        raise NumericalError(f"non-finite pre-fitted hyperparameters {found}")
     log.info("pre-fit: exact GP on %d of %d points, %.1f s (%s): outputscale %.3g, noise %.3g, "
              "lengthscales %s", xs.shape[0], n, time.perf_counter() - tic, history.stopped,
              found["outputscale"], found["noise"],
-             ", ".join(f"{v:.3g}" for v in ls.tolist()))
+             ", ".join(f"{v:.3g}" for v in ls))
     return found
