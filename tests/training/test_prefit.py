@@ -1,6 +1,10 @@
-"""The exact-GP pre-fit that starts CaGP-Opt's hyperparameters (opt-in ``prefit='exact'``)."""
+"""The exact-GP pre-fit that starts CaGP-Opt's hyperparameters (``prefit='exact'``, the default),
+its precision check and the learning-rate cap that follows it."""
 
 from __future__ import annotations
+
+import math
+import warnings
 
 import pytest
 import torch
@@ -10,8 +14,15 @@ from gpscale.kernels import kernel_hyperparameters
 from gpscale.testing import toy_problem
 from gpscale.training import METHOD_DEFAULTS
 from gpscale.training import prefit as prefit_module
-from gpscale.training.harness import build_method, train_method
-from gpscale.training.prefit import exact_prefit, fill_prefit_options
+from gpscale.training.harness import build_method, train_built, train_method
+from gpscale.training.prefit import (
+    RESOLVABLE_ULPS,
+    VALIDATION_MIN_GAIN,
+    exact_prefit,
+    fill_prefit_options,
+    prefit_lr_cap,
+    validated_noise,
+)
 
 KERNEL = {"kernel": "matern32", "ard": True}
 
@@ -32,22 +43,60 @@ def test_whole_data_prefit_is_the_exact_gp_with_its_defaults():
     hp = kernel_hyperparameters(trained.model.kernel)
     assert found["lengthscale"] == pytest.approx(hp.lengthscale.reshape(-1).tolist(), rel=1e-6)
     assert found["outputscale"] == pytest.approx(float(hp.outputscale.detach()), rel=1e-6)
-    assert found["noise"] == pytest.approx(float(trained.model.likelihood.noise), rel=1e-6)
+    assert found["noise"] == pytest.approx(float(trained.model.likelihood.noise.detach()), rel=1e-6)
     assert len(found["lengthscale"]) == 2 and 0.004 < found["noise"] < 0.025
 
 
 def test_subset_prefit_uses_random_rows_seeded():
+    """The subset is the first ``size`` rows of a seeded permutation; with more rows than that
+    the noise is then moved along the grid fitted × 10^(k/4), k = −4…12 (validated_noise)."""
     x, y = _data(400)
     a = exact_prefit(x, y, **KERNEL, size=100, seed=1)
     assert exact_prefit(x, y, **KERNEL, size=100, seed=1) == a
     rows = torch.randperm(400, generator=torch.Generator().manual_seed(1))[:100]
-    b = exact_prefit(x[rows], y[rows], **KERNEL, size=100, seed=1)
+    b = exact_prefit(x[rows], y[rows], **KERNEL, size=100, seed=1)  # n = size: not validated
     assert b["lengthscale"] == pytest.approx(a["lengthscale"], rel=1e-6)
-    assert (b["outputscale"], b["noise"]) == pytest.approx((a["outputscale"], a["noise"]))
+    assert b["outputscale"] == pytest.approx(a["outputscale"])
+    k = 4 * math.log10(a["noise"] / b["noise"])
+    assert k == pytest.approx(round(k), abs=1e-6) and -4 <= round(k) <= 12
     assert exact_prefit(x, y, **KERNEL, size=100, seed=2)["noise"] != a["noise"]
 
 
-def test_fill_prefit_options_fills_only_what_is_missing(monkeypatch):
+def _held_out_nll(model, train, held) -> float:
+    with torch.no_grad():
+        pred = model.predict(model.condition(*train), held[0])
+        var = pred.observed_variance
+        return float((torch.log(2 * math.pi * var) + (held[1] - pred.mean) ** 2 / var).mean())
+
+
+@pytest.mark.parametrize("noise_std, lowest, highest", [(0.1, 0.003, 0.03), (1e-3, 1e-4, 3.2e-4)])
+def test_validated_noise_picks_the_best_held_out_noise(noise_std, lowest, highest):
+    """From the floor (as relevant32's subset fit ends), held-out points lead back to the
+    generating noise variance (0.01); on nearly noise-free data (10⁻⁶) they keep the floor."""
+    x, _, _ = toy_problem(n=400, seed=5)
+    f = torch.sin(3 * x[:, 0]) * torch.cos(2 * x[:, 1])
+    y = f + noise_std * torch.randn(400, generator=torch.Generator().manual_seed(0),
+                                    dtype=x.dtype)
+    train, held = (x[:250], y[:250]), (x[250:], y[250:])
+    trained = train_method("exact", train, task="regression", num_classes=None,
+                           options=dict(KERNEL), config=METHOD_DEFAULTS["exact"].updated(
+                               progress=False, max_time=60.0), seed=0)
+    model = trained.model.eval()
+    grid = [1e-4 * 10.0 ** (k / 4) for k in range(0, 13)]  # from the floor: lower is not tried
+    nlls = []
+    for noise in grid:
+        model.likelihood.noise = noise
+        nlls.append(_held_out_nll(model, train, held))
+    model.likelihood.noise = 1e-4
+    chosen = validated_noise(model, train, held)
+    best = grid[nlls.index(min(nlls))] if min(nlls) < nlls[0] - VALIDATION_MIN_GAIN else 1e-4
+    assert chosen == pytest.approx(best, rel=1e-6)
+    assert lowest <= chosen <= highest
+    assert float(model.likelihood.noise.detach()) == pytest.approx(chosen)  # left at the choice
+
+
+@pytest.mark.parametrize("method", ["cagp-opt", "cagp-cg"])
+def test_fill_prefit_options_fills_only_what_is_missing(monkeypatch, method):
     x, y = _data(120)
     calls = []
 
@@ -56,29 +105,33 @@ def test_fill_prefit_options_fills_only_what_is_missing(monkeypatch):
         return {"lengthscale": [0.3, 0.4], "outputscale": 2.0, "noise": 0.02}
 
     monkeypatch.setattr(prefit_module, "exact_prefit", fake)
-    fill = lambda **o: fill_prefit_options("cagp-opt", (x, y), task="regression",  # noqa: E731
+    fill = lambda **o: fill_prefit_options(method, (x, y), task="regression",  # noqa: E731
                                            num_classes=None, options=o)
     assert fill(prefit="exact", lengthscale=[1.0, 2.0]) == {
         "prefit": "exact", "lengthscale": [1.0, 2.0], "outputscale": 2.0, "noise": 0.02}
     assert calls[-1]["size"] == 2000 and calls[-1]["seed"] == 0
-    assert fill() == {} and fill(prefit="off") == {"prefit": "off"}  # off by default
+    assert fill() == {} and fill(prefit="off") == {"prefit": "off"}  # auto: n ≤ 10,000
+    monkeypatch.setattr(prefit_module, "AUTO_PREFIT_MIN_POINTS", 119)
+    assert fill()["noise"] == 0.02 and len(calls) == 2  # auto: n = 120 > 119
+    assert fill(prefit="off") == {"prefit": "off"} and len(calls) == 2
     given = {"prefit": "exact", "lengthscale": 1.0, "outputscale": 1.0, "noise": 0.1}
-    assert fill(**given) == given and len(calls) == 1  # nothing missing: no pre-fit
+    assert fill(**given) == given and len(calls) == 2  # nothing missing: no pre-fit
     assert fill_prefit_options("sgpr", (x, y), task="regression", num_classes=None,
                                options={}) == {}  # a method without the option
 
 
-def test_built_model_starts_at_the_prefit_values():
+@pytest.mark.parametrize("method", ["cagp-opt", "cagp-cg"])
+def test_built_model_starts_at_the_prefit_values(method):
     x, y = _data(200)
-    config = METHOD_DEFAULTS["cagp-opt"].updated(progress=False)
-    model, _ = build_method("cagp-opt", (x, y), task="regression", num_classes=None,
+    config = METHOD_DEFAULTS[method].updated(progress=False)
+    model, _ = build_method(method, (x, y), task="regression", num_classes=None,
                             options={"num_actions": 8, "prefit": "exact", "prefit_size": 100},
                             config=config,
                             seed=0)
     found = exact_prefit(x.float(), y.float(), **KERNEL, size=100, seed=0)
     hp = kernel_hyperparameters(model.kernel)
     assert hp.lengthscale.reshape(-1).tolist() == pytest.approx(found["lengthscale"], rel=1e-5)
-    assert float(model.likelihood.noise) == pytest.approx(found["noise"], rel=1e-5)
+    assert float(model.likelihood.noise.detach()) == pytest.approx(found["noise"], rel=1e-5)
     assert model.options["prefit"] == "exact" and model.options["prefit_size"] == 100
 
 
@@ -95,3 +148,54 @@ def test_failed_prefit_warns_and_starts_from_the_defaults(monkeypatch):
                                 options={"num_actions": 8, "prefit": "exact"}, config=config,
                                 seed=0)
     assert float(model.likelihood.noise) == pytest.approx(0.1 * float(y.var()), rel=1e-4)
+
+
+@pytest.mark.parametrize("dtype, accepted", [(torch.float32, False), (torch.float64, True)])
+def test_a_start_the_training_dtype_cannot_resolve_is_not_used(monkeypatch, dtype, accepted):
+    """Bike's subset fit: outputscale 1,960, noise 1e-4 — below 10 rounding units of the
+    outputscale in float32 (2.3e-3), well above them in float64."""
+    x, y = _data(120)
+    found = {"lengthscale": [5.0, 16.0], "outputscale": 1960.0, "noise": 1e-4}
+    monkeypatch.setattr(prefit_module, "exact_prefit", lambda *a, **k: dict(found))
+    floor = RESOLVABLE_ULPS * torch.finfo(dtype).eps * 1960.0
+    assert (1e-4 >= floor) == accepted
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        filled = fill_prefit_options("cagp-opt", (x.to(dtype), y.to(dtype)), task="regression",
+                                     num_classes=None, options={"prefit": "exact"})
+    if accepted:
+        assert filled == {"prefit": "exact", **found} and not caught
+    else:
+        assert filled == {"prefit": "exact"}
+        assert len(caught) == 1 and "pre-fitted noise 0.0001 is below 10 rounding units of " \
+            "the outputscale 1.96e+03 in float32" in str(caught[0].message)
+        assert prefit_lr_cap("cagp-opt", {"prefit": "exact"}, filled) is None  # the default lr
+
+
+def test_lr_cap_only_after_a_prefit_that_supplied_values():
+    filled = {"lengthscale": [0.3, 0.4], "outputscale": 2.0, "noise": 0.02}
+    assert prefit_lr_cap("cagp-opt", {}, filled) == 0.1
+    assert prefit_lr_cap("cagp-opt", {"prefit_max_lr": 0.03}, {**filled, "prefit_max_lr": 0.03}
+                         ) == 0.03
+    assert prefit_lr_cap("cagp-opt", {"prefit": "off"}, {"prefit": "off"}) is None
+    assert prefit_lr_cap("cagp-opt", filled, filled) is None  # all given: nothing pre-fitted
+    assert prefit_lr_cap("sgpr", {}, {}) is None
+
+
+@pytest.mark.parametrize("lr, trained_at", [(1.0, 0.1), (0.05, 0.05)])
+def test_training_from_a_prefitted_start_is_capped_at_prefit_max_lr(lr, trained_at):
+    """The default lr 1.0 throws a pre-fitted start away; a smaller --lr is kept."""
+    x, y = _data(200)
+    config = METHOD_DEFAULTS["cagp-opt"].updated(progress=False, lr=lr, epochs=3, max_time=None)
+    model, _ = build_method("cagp-opt", (x.float(), y.float()), task="regression",
+                            num_classes=None, options={"num_actions": 8, "prefit": "exact",
+                                                       "prefit_size": 100},
+                            config=config, seed=0)
+    assert model.max_start_lr == 0.1
+    history, _ = train_built(model, (x.float(), y.float()), config)
+    assert history.rows[0]["lr"] == pytest.approx(trained_at)
+    model, _ = build_method("cagp-opt", (x.float(), y.float()), task="regression",
+                            num_classes=None, options={"num_actions": 8, "prefit": "off"},
+                            config=config, seed=0)
+    history, _ = train_built(model, (x.float(), y.float()), config)
+    assert model.max_start_lr is None and history.rows[0]["lr"] == pytest.approx(lr)

@@ -165,6 +165,8 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
             "linear": f"lr {config.lr:g} decaying linearly over the epochs",
             "budget": f"lr {config.lr:g} decaying linearly over the budget",
             "none": f"constant lr {config.lr:g}"}[config.scheduler]
+    if opts.get("prefit") in ("auto", "exact") and config.lr > opts["prefit_max_lr"]:
+        rule += f"; lr {opts['prefit_max_lr']:g} from a pre-fitted start"
     return (f"{method}: training for at most {budget} ({config.optimizer}, {batch}, "
             f"{config.dtype}; {rule}); --epochs / --max-time change the budget")
 

@@ -37,12 +37,13 @@ from torch import Tensor, nn
 
 from gpscale.errors import NumericalError
 from gpscale.kernels import make_kernel
+from gpscale.methods.options import PREFIT_OPTIONS
 from gpscale.validation import check_num_points, check_x, check_xy
 
 __all__ = [
     "check_task_and_init", "default_size", "follow_init", "prior_options", "prior_modules",
     "gaussian_likelihood", "kmeans_points", "inducing_options", "initial_inducing_points",
-    "resolve_num_classes", "gpytorch_mode", "translate_cholesky_errors",
+    "resolve_num_classes", "gpytorch_mode", "translate_cholesky_errors", "pop_prefit_options",
 ]
 
 DEFAULT_NOISE_FRACTION = 0.1
@@ -118,6 +119,12 @@ def _lengthscale_value(value: Any, num_dims: int, ard: bool) -> float | list[flo
     if not all(math.isfinite(v) and v > 0 for v in values):
         raise ValueError(f"lengthscales must be positive and finite; got {values}")
     return values
+
+
+def pop_prefit_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Remove the :data:`PREFIT_OPTIONS` from a factory's keyword ``options`` and return them,
+    defaults filled in (the factory records them; the harness acts on them)."""
+    return {o.name: options.pop(o.name, o.default) for o in PREFIT_OPTIONS}
 
 
 def prior_modules(num_dims: int, opts: dict[str, Any], batch_shape: torch.Size | None = None

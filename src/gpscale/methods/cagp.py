@@ -47,8 +47,7 @@ Deviations and choices (the paper is silent unless stated):
   an action. The authors' code takes log Σ_j ‖s'_j‖², which is not (notes/001 §8.3).
 - i ∤ n: blocks of ⌊n/i⌋ and ⌊n/i⌋ + 1 points cover all n (the code truncates the data).
 - Blocks are cells of the inputs by default (``blocks='local'``; the code: random subsets).
-- ``-o prefit=exact`` (opt-in) starts the hyperparameters from an exact GP on 2,000 random points
-  (the training harness runs it): Kin40k NLL 0.065 → −0.52 at lr 0.1, Bike −2.18 → +8.4.
+- Hyperparameters start from an exact GP on 2,000 random points (``prefit``, `training.prefit`).
 - CG actions carry no gradient and are re-orthonormalised (:mod:`gpscale.linalg.policies.residual`).
 - The prior mean is GPyTorch's learned constant (the paper: zero mean), like the baselines.
 """
@@ -96,6 +95,7 @@ from gpscale.methods._common import (
     default_size,
     follow_init,
     gaussian_likelihood,
+    pop_prefit_options,
     prior_modules,
     prior_options,
 )
@@ -353,8 +353,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
                    init: tuple[Tensor, Tensor] | None = None, num_actions: int | None = None,
                    action_init: str = "random", blocks: str = "local",
                    num_train: int | None = None, seed: int = 0, objective: str = "elbo",
-                   chunk_size: int | None = None, backend: str = "auto", prefit: str = "off",
-                   prefit_size: int = 2000, **prior: Any) -> CaGP:
+                   chunk_size: int | None = None, backend: str = "auto", **prior: Any) -> CaGP:
     """Factory of ``cagp-opt``: learned block-sparse actions (see :mod:`gpscale.methods.registry`).
 
     Args:
@@ -371,9 +370,9 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
         seed: seeds the block assignment and the random action entries.
         objective: ``'elbo'`` or ``'projected_nll'``.
         chunk_size, backend: of the matrix-free kernel products.
-        prefit, prefit_size: recorded; the harness pre-fits the prior (`training.prefit`).
         **prior: ``kernel`` (default matern32), ``ard``, ``lengthscale``, ``outputscale``,
-            ``noise``, ``mean_constant`` (:func:`~gpscale.methods._common.prior_options`).
+            ``noise``, ``mean_constant`` (:func:`~gpscale.methods._common.prior_options`), and
+            the ``prefit*`` options, recorded (the harness pre-fits: `training.prefit`).
 
     Raises:
         ValueError: for a task other than regression, invalid ``init`` data, fewer points than
@@ -387,6 +386,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
     n = _num_train(init, num_train)
     num_actions = default_size(num_actions, n, 512, 2, "num_actions")
     check_num_points(n, num_actions, "actions")
+    pre = pop_prefit_options(prior)
     opts = prior_options(init, task, num_dims, **prior)
     mean, kernel = prior_modules(num_dims, opts)
     index = (local_assignment(init[0], BlockLayout(n, num_actions))
@@ -395,9 +395,9 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
     model = CaGP(mean, kernel, gaussian_likelihood(opts["noise"]), policy, objective=objective,
                  num_dims=num_dims, chunk_size=chunk_size, backend=backend,
                  options={"num_actions": num_actions, "action_init": action_init,
-                          "blocks": blocks, "prefit": prefit, "prefit_size": prefit_size,
-                          "num_train": n, "seed": seed, "objective": objective,
-                          "chunk_size": chunk_size, "backend": backend, **opts})
+                          "blocks": blocks, "num_train": n, "seed": seed,
+                          "objective": objective, "chunk_size": chunk_size, "backend": backend,
+                          **pre, **opts})
     model = follow_init(model, init)
     if init is not None:
         x, y = init
@@ -429,13 +429,14 @@ def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int |
             actions every step; see :mod:`gpscale.methods._cagp_cg`).
         objective: ``'elbo'`` or ``'projected_nll'``.
         chunk_size, backend: of the matrix-free kernel products.
-        **prior: as for :func:`build_cagp_opt`.
+        **prior: as for :func:`build_cagp_opt` (the ``prefit*`` options included).
 
     Raises:
         ValueError: for a task other than regression, invalid ``init`` data or fewer points
             than ``num_actions``.
     """
     check_task_and_init("cagp-cg", task, ("regression",), num_dims, init)
+    pre = pop_prefit_options(prior)
     n = None if init is None else init[0].shape[0]
     num_actions = default_size(num_actions, n, cg_action_cap(n), 2, "num_actions")
     if init is not None:
@@ -447,7 +448,7 @@ def build_cagp_cg(num_dims: int, *, task: str = "regression", num_classes: int |
                  num_dims=num_dims, chunk_size=chunk_size, backend=backend,
                  options={"num_actions": num_actions, "rtol": rtol,
                           "refresh_every": refresh_every, "objective": objective,
-                          "chunk_size": chunk_size, "backend": backend, **opts})
+                          "chunk_size": chunk_size, "backend": backend, **pre, **opts})
     return follow_init(model, init)
 
 
@@ -494,6 +495,6 @@ register(MethodSpec(
                exclusive=True),
         Option("refresh_every", "int", REFRESH_EVERY, "training steps that share one set of "
                "CG actions (1: new actions every step, as the paper)", minimum=1),
-        _OBJECTIVE, *KERNEL_PRODUCT_OPTIONS, *PRIOR_OPTIONS,
+        _OBJECTIVE, *KERNEL_PRODUCT_OPTIONS, *PRIOR_OPTIONS, *PREFIT_OPTIONS,
     ),
 ))

@@ -284,10 +284,13 @@ def prior_options_with(*, kernel: str = "matern32", ard: bool = True,
 PRIOR_OPTIONS = prior_options_with()
 
 PREFIT_OPTIONS = (
-    Option("prefit", "str", "off", "exact: start the lengthscales, outputscale and noise not "
-           "given from an exact GP fitted to a random subset (L-BFGS; train with --lr 0.1); "
-           "off: √d, var(y), 0.1 var(y)", choices=("exact", "off")),
+    Option("prefit", "str", "auto", "exact: start the lengthscales, outputscale and noise not "
+           "given from an exact GP fitted to a random subset (L-BFGS); off: √d, var(y), "
+           "0.1 var(y); auto: exact above 10,000 training points",
+           choices=("auto", "exact", "off")),
     Option("prefit_size", "int", 2000, "points of the pre-fit's subset", minimum=2),
+    Option("prefit_max_lr", "float", 0.1, "training's learning rate is at most this from a "
+           "pre-fitted start", minimum=0.0, exclusive=True),
 )
 """Options of a regression method whose training starts from an exact GP on a subset (run by
 the training harness, :func:`gpscale.training.prefit.fill_prefit_options`)."""

@@ -7,17 +7,20 @@ Every caller goes through these two functions — ``gpscale fit`` and the benchm
 1. :func:`build_method` builds the method from the registry under a forked, seeded RNG (so the
    initialisation is reproducible and the caller's RNG untouched), in the training dtype, and
    times it; for methods with a fixed kernel (IterNCGP) it first runs the SVGP pre-fit of the
-   hyperparameters not given (:mod:`gpscale.training.prefit`).
-2. :func:`train_built` trains it with ``training.fit`` (or conditions a method with nothing to
-   train), then runs the method's closed-form ``finalize(x, y, reduce)`` step when it has one
-   (SoftKI calibrates its noise there), and returns the state to predict with.
+   hyperparameters not given, for CaGP-Opt the exact-GP pre-fit on a subset
+   (:mod:`gpscale.training.prefit`).
+2. :func:`train_built` trains it with ``training.fit`` (at most the method's ``prefit_max_lr``
+   from a pre-fitted start; or conditions a method with nothing to train), then runs the
+   method's closed-form ``finalize(x, y, reduce)`` step when it has one (SoftKI calibrates its
+   noise there), and returns the state to predict with.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -29,9 +32,11 @@ from gpscale.training.config import FitConfig
 from gpscale.training.fit import condition_only, fit
 from gpscale.training.history import History
 from gpscale.training.laplace import learn_kernel
-from gpscale.training.prefit import fill_prefit_options
+from gpscale.training.prefit import fill_prefit_options, prefit_lr_cap
 
 __all__ = ["Trained", "build_method", "cast", "train_built", "train_method"]
+
+log = logging.getLogger("gpscale.training")
 
 
 @dataclass
@@ -64,11 +69,12 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
         if seed is not None:
             torch.manual_seed(seed)
         tic = time.perf_counter()
-        options = fill_prefit_options(method, (x, y), task=task, num_classes=num_classes,
-                                      options=options)
+        filled = fill_prefit_options(method, (x, y), task=task, num_classes=num_classes,
+                                     options=options)
         model = build(method, x.shape[1], task=task, num_classes=num_classes, init=(x, y),
-                      **options)
+                      **filled)
         model.to(device=device, dtype=config.torch_dtype)
+        model.max_start_lr = prefit_lr_cap(method, options, filled)  # read by train_built
         return model, time.perf_counter() - tic
 
 
@@ -82,6 +88,11 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
     ``training.fit``; its ``all_reduce`` (sum over ranks) is handed to ``finalize``.
     """
     x, y = train
+    cap = getattr(model, "max_start_lr", None)
+    if cap is not None and config.lr > cap:  # a pre-fitted start: keep it
+        log.info("training from the pre-fitted hyperparameters at lr %g (not %g; "
+                 "-o prefit_max_lr)", cap, config.lr)
+        config = replace(config, lr=cap)
     if model.trainable:
         history, state = fit(model, loss_fn, train, config, callbacks, parallel=parallel), None
     elif getattr(model, "learns_kernel", False):  # IterNCGP: Newton and evidence steps

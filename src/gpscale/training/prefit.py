@@ -4,15 +4,18 @@ before it builds a method: training steps, so they live here.
 - The methods that keep their kernel fixed (``iterncgp``, ``sod-laplace``; a registry entry with
   ``prefit=True``): a short SVGP fit supplies the lengthscale and outputscale the user did not
   give (paper 000, §C.4).
-- A regression method whose ``prefit`` option (:data:`~gpscale.methods.options.PREFIT_OPTIONS`,
-  ``cagp-opt``; opt-in) is ``'exact'``: an exact GP fitted to ``prefit_size`` random training
-  points (the ``exact`` key's L-BFGS defaults, at most :data:`EXACT_PREFIT_SECONDS`) supplies
-  the lengthscales, outputscale and noise not given. CaGP-Opt's epoch is O(n²), so at
-  n ≳ 30,000 its 300 s budget holds ~60–90 epochs: from √d lengthscales that ends far from
-  converged (Kin40k test NLL 0.065, SVGP −0.143), from the subset's values (and lr 0.1) it
-  reaches −0.52. Not the default: on Bike the subset's maximum likelihood is degenerate (noise
-  at its 1e-4 floor, lengthscales ~10⁶, outputscale ~2,000) and CaGP-Opt from there predicts
-  with test NLL +8.4 (BENCHMARKS "defaults").
+- A regression method whose ``prefit`` option (:data:`~gpscale.methods.options.PREFIT_OPTIONS`:
+  ``cagp-opt``, ``cagp-cg``) is ``'exact'``, or ``'auto'`` (the default) with more than
+  :data:`AUTO_PREFIT_MIN_POINTS` training points: an exact GP fitted to ``prefit_size`` random
+  training points (the ``exact`` key's L-BFGS defaults, at most :data:`EXACT_PREFIT_SECONDS`),
+  its noise then chosen on held-out training points (:func:`validated_noise`), supplies the
+  lengthscales, outputscale and noise not given. CaGP's epoch is O(n²), so at n ≳ 30,000 its
+  300 s budget holds ~60–90 epochs: from √d lengthscales that ends far from converged (Kin40k
+  test NLL 0.065, SVGP −0.143), from the subset's values (at lr ≤ ``prefit_max_lr``,
+  :func:`prefit_lr_cap`) it reaches −0.45. A start the training dtype cannot resolve (noise
+  below :data:`RESOLVABLE_ULPS` rounding units of the outputscale: Bike's subset in float32) is
+  not used; like a failed pre-fit it warns and training starts from the defaults (BENCHMARKS
+  "defaults").
 """
 
 from __future__ import annotations
@@ -33,13 +36,38 @@ from gpscale.methods.registry import build, get_spec
 from gpscale.training.config import METHOD_DEFAULTS, FitConfig
 from gpscale.training.fit import fit
 
-__all__ = ["prefit_hyperparameters", "fill_prefit_options", "exact_prefit",
-           "EXACT_PREFIT_SECONDS"]
+__all__ = ["prefit_hyperparameters", "fill_prefit_options", "exact_prefit", "prefit_lr_cap",
+           "validated_noise", "exact_prefit_wanted", "EXACT_PREFIT_SECONDS", "RESOLVABLE_ULPS",
+           "VALIDATION_POINTS", "VALIDATION_MIN_GAIN", "AUTO_PREFIT_MIN_POINTS"]
 
 log = logging.getLogger("gpscale.training")
 
 EXACT_PREFIT_SECONDS = 60.0
 """Most seconds of the exact-GP pre-fit's L-BFGS (n = 2,000, d = 8: ~40 s here)."""
+
+AUTO_PREFIT_MIN_POINTS = 10_000
+"""``prefit='auto'`` pre-fits above this many training points. Below it CaGP-Opt's O(n²) epoch is
+cheap enough for ~700–1,000 epochs in the 300 s budget and its default start ends better
+(Parkinsons, n = 5,287: test NLL −3.40 against −3.31 from the pre-fit; ``relevant32``,
+n = 3,000: RMSE 0.115 against 0.139); above it the budget holds 70–250 epochs and the pre-fit
+wins (Elevators 0.443 → 0.428, Kin40k 0.065 → −0.45, Protein 1.062 → 0.928; BENCHMARKS
+"defaults")."""
+
+VALIDATION_POINTS = 1000
+"""Most training points outside the pre-fit's subset on which :func:`validated_noise` picks the
+noise (half the subset's size at most)."""
+
+VALIDATION_MIN_GAIN = 0.01
+"""Held-out NLL per point (nats) by which another noise must beat the fitted one to replace it."""
+
+NOISE_FLOOR = 1e-4
+"""The smallest noise variance GPyTorch's Gaussian likelihood takes (its default constraint)."""
+
+RESOLVABLE_ULPS = 10.0
+"""A pre-fitted noise must be at least this many rounding units (machine epsilon of the training
+dtype) of the pre-fitted outputscale: below that the kernel entries, rounded in the training
+dtype, carry errors as large as the noise, and the start is not used (Bike in float32: outputscale
+1,960, noise 1e-4, ratio 2·10⁷ — CaGP-Opt from there: test NLL +8.4)."""
 
 _PRIOR_KEYS = ("lengthscale", "outputscale", "noise")
 
@@ -54,13 +82,14 @@ def fill_prefit_options(method: str, train: tuple[Tensor, Tensor], *, task: str,
     methods' options are returned unchanged."""
     spec = get_spec(method)
     opts = spec.resolve(options)
-    if opts.get("prefit") == "exact" and task == "regression":
+    if exact_prefit_wanted(opts, train[0].shape[0]) and task == "regression":
         missing = [k for k in _PRIOR_KEYS if opts[k] is None]
         if not missing:
             return options
         try:
             found = exact_prefit(*train, kernel=opts["kernel"], ard=opts["ard"],
                                  size=opts["prefit_size"], seed=opts.get("seed", 0))
+            _check_resolvable(found, train[0].dtype)
         except (NumericalError, RuntimeError) as err:  # a start value only: recover
             warnings.warn(f"{method}: the exact-GP pre-fit of the hyperparameters failed "
                           f"({err}); training starts from the default values (√d, var(y), "
@@ -81,6 +110,36 @@ def fill_prefit_options(method: str, train: tuple[Tensor, Tensor], *, task: str,
         seed=opts["seed"])
     return {**options, "lengthscale": ls if opts["lengthscale"] is None else opts["lengthscale"],
             "outputscale": os_ if opts["outputscale"] is None else opts["outputscale"]}
+
+
+def exact_prefit_wanted(opts: dict[str, Any], num_train: int) -> bool:
+    """Whether resolved options ``opts`` ask for :func:`exact_prefit` with ``num_train`` points:
+    ``prefit='exact'``, or ``'auto'`` above :data:`AUTO_PREFIT_MIN_POINTS`."""
+    prefit = opts.get("prefit")
+    return prefit == "exact" or (prefit == "auto" and num_train > AUTO_PREFIT_MIN_POINTS)
+
+
+def prefit_lr_cap(method: str, given: dict[str, Any], filled: dict[str, Any]) -> float | None:
+    """The learning rate training may start at, at most, after :func:`fill_prefit_options`
+    turned options ``given`` into ``filled``: the method's ``prefit_max_lr`` when the exact
+    pre-fit supplied start values (a close start that CaGP-Opt's default lr 1.0 throws away in
+    its first steps: Kin40k test NLL 9.8 against lr 0.1's −0.52), else ``None``."""
+    opts = get_spec(method).resolve(filled)
+    if opts.get("prefit") not in ("auto", "exact") or filled == given:
+        return None
+    return float(opts["prefit_max_lr"])
+
+
+def _check_resolvable(found: dict[str, Any], dtype: torch.dtype) -> None:
+    """NumericalError when the pre-fitted noise is below :data:`RESOLVABLE_ULPS` rounding units
+    of the outputscale in ``dtype`` (the precision the method trains in)."""
+    floor = RESOLVABLE_ULPS * torch.finfo(dtype).eps * found["outputscale"]
+    if found["noise"] < floor:
+        raise NumericalError(
+            f"the pre-fitted noise {found['noise']:.3g} is below {RESOLVABLE_ULPS:g} rounding "
+            f"units of the outputscale {found['outputscale']:.3g} in {str(dtype)[6:]} "
+            f"({floor:.3g}): the kernel is not resolved at that noise (--dtype float64 "
+            "resolves it)")
 
 
 def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int | None,
@@ -127,11 +186,14 @@ def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, see
                  max_time: float = EXACT_PREFIT_SECONDS) -> dict[str, Any]:
     """Lengthscale(s), outputscale and noise of an exact GP (float64, the ``exact`` key's L-BFGS
     defaults within ``max_time`` seconds) fitted to ``size`` training points drawn at random
-    (all of them when n ≤ ``size``). Returns ``{"lengthscale", "outputscale", "noise"}``, the
-    lengthscale a list of d floats with ``ard``."""
+    (all of them when n ≤ ``size``); with more points than that, the noise is then chosen on up
+    to :data:`VALIDATION_POINTS` other training points (:func:`validated_noise`). Returns
+    ``{"lengthscale", "outputscale", "noise"}``, the lengthscale a list of d floats with
+    ``ard``."""
     n = x.shape[0]
     generator = torch.Generator().manual_seed(seed)
-    rows = torch.randperm(n, generator=generator)[:size] if n > size else torch.arange(n)
+    order = torch.randperm(n, generator=generator) if n > size else torch.arange(n)
+    rows, held = order[:size], order[size:size + min(size // 2, VALIDATION_POINTS)]
     xs, ys = x[rows.to(x.device)].double().cpu(), y[rows.to(y.device)].double().cpu()
     tic = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
@@ -147,8 +209,47 @@ def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, see
              "noise": float(model.likelihood.noise.detach())}
     if not all(math.isfinite(v) for v in (*ls, found["outputscale"], found["noise"])):
         raise NumericalError(f"non-finite pre-fitted hyperparameters {found}")
-    log.info("pre-fit: exact GP on %d of %d points, %.1f s (%s): outputscale %.3g, noise %.3g, "
-             "lengthscales %s", xs.shape[0], n, time.perf_counter() - tic, history.stopped,
-             found["outputscale"], found["noise"],
-             ", ".join(f"{v:.3g}" for v in ls))
+    fitted = found["noise"]
+    if held.numel():
+        found["noise"] = validated_noise(model, (xs, ys), (x[held.to(x.device)].double().cpu(),
+                                                          y[held.to(y.device)].double().cpu()))
+    log.info("pre-fit: exact GP on %d of %d points, %.1f s (%s): outputscale %.3g, noise %.3g "
+             "(%.3g on %d held-out points), lengthscales %s", xs.shape[0], n,
+             time.perf_counter() - tic, history.stopped, found["outputscale"], fitted,
+             found["noise"], held.numel(), ", ".join(f"{v:.3g}" for v in ls))
     return found
+
+
+def validated_noise(model: Any, train: tuple[Tensor, Tensor], held: tuple[Tensor, Tensor]
+                    ) -> float:
+    """The noise variance, among the fitted one times 10^(k/4) for k = −4, …, 12 (at least the
+    likelihood's floor 10⁻⁴), whose predictions of ``held`` from ``model`` conditioned on
+    ``train`` have the smallest negative log likelihood; the kernel stays as fitted, and the
+    model is left at the chosen noise.
+
+    The subset's marginal likelihood can end at the noise floor on data that is not noise-free
+    (``relevant32``: 2,000 points of 32 inputs, fitted 10⁻⁴, held-out best 3·10⁻³, the generating
+    noise 4·10⁻³), and CaGP-Opt's ELBO, whose trace term is divided by the noise, then shrinks
+    the outputscale into overconfidence (test NLL 1.6, coverage error 0.41). On data that is
+    nearly noise-free the held-out points keep the floor (Kin40k). The fitted noise stays unless
+    another improves the held-out NLL by more than :data:`VALIDATION_MIN_GAIN` per point: on
+    Kin40k 1.8·10⁻⁴ was better than the fitted 10⁻⁴ by 0.001 only, and CaGP-Opt from it ended at
+    test NLL −0.24 instead of −0.45."""
+    fitted = float(model.likelihood.noise.detach())
+    nlls = {}
+    model.eval()
+    with torch.no_grad():
+        for k in range(-4, 13):
+            noise = fitted * 10.0 ** (k / 4)
+            if noise < NOISE_FLOOR and k:
+                continue
+            model.likelihood.noise = noise
+            pred = model.predict(model.condition(*train), held[0])
+            var = pred.observed_variance
+            nlls[noise] = float((torch.log(2 * math.pi * var)
+                                 + (held[1] - pred.mean) ** 2 / var).mean())
+    best = min(nlls, key=nlls.get)
+    if nlls[best] > nlls[fitted] - VALIDATION_MIN_GAIN:
+        best = fitted  # a flat held-out curve: keep the fitted noise
+    model.likelihood.noise = best
+    return best
