@@ -199,3 +199,36 @@ def test_training_from_a_prefitted_start_is_capped_at_prefit_max_lr(lr, trained_
                             config=config, seed=0)
     history, _ = train_built(model, (x.float(), y.float()), config)
     assert model.max_start_lr is None and history.rows[0]["lr"] == pytest.approx(lr)
+
+
+def test_plan_line_names_the_prefit_learning_rate_only_when_a_prefit_runs():
+    from gpscale.benchmarks.runner import plan_text
+
+    config = METHOD_DEFAULTS["cagp-opt"]
+    above = plan_text("cagp-opt", config, {}, prefit_module.AUTO_PREFIT_MIN_POINTS + 1)
+    assert "lr 1 lowered" in above and "lr 0.1 from an exact-GP pre-fit" in above
+    assert "pre-fit" not in plan_text("cagp-opt", config, {}, 5000)
+    assert "pre-fit" in plan_text("cagp-opt", config, {"prefit": "exact"}, 5000)
+    assert "pre-fit" not in plan_text("cagp-opt", config.updated(lr=0.05), {"prefit": "exact"},
+                                      5000)  # --lr below the cap: nothing changes
+
+
+@pytest.mark.parametrize("method, noise, accepted", [
+    ("cagp-cg", 1e-4, False),  # √(28.4 / 1e-4) = 533 > 60 actions (n = 120: i = n / 2)
+    ("cagp-cg", 0.01, True),   # √2840 = 53 ≤ 60
+    ("cagp-opt", 1e-4, True),  # learned actions: no CG reach check
+])
+def test_cagp_cg_rejects_a_start_its_cg_actions_cannot_solve(monkeypatch, method, noise,
+                                                             accepted):
+    x, y = _data(120)
+    found = {"lengthscale": [5.0, 16.0], "outputscale": 28.4, "noise": noise}
+    monkeypatch.setattr(prefit_module, "exact_prefit", lambda *a, **k: dict(found))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        filled = fill_prefit_options(method, (x.float(), y.float()), task="regression",
+                                     num_classes=None, options={"prefit": "exact"})
+    assert (filled == {"prefit": "exact", **found}) == accepted
+    assert (not caught) == accepted
+    if not accepted:
+        assert "√(outputscale / noise) = √(28.4 / 0.0001) = 533 exceeds the 60 CG actions" in \
+            str(caught[0].message)

@@ -34,6 +34,7 @@ from gpscale.methods.registry import get_spec
 from gpscale.metrics import json_safe
 from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
 from gpscale.training.harness import cast, train_method
+from gpscale.training.prefit import exact_prefit_wanted
 
 __all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_test",
            "write_outputs", "write_partial", "feature_names", "resolve_auto"]
@@ -144,8 +145,10 @@ def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
     return config, config.torch_dtype
 
 
-def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = None) -> str:
-    """One line saying how ``method`` will train: budget, schedule, stopping rule."""
+def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = None,
+              num_train: int | None = None) -> str:
+    """One line saying how ``method`` will train: budget, schedule, stopping rule (and the
+    pre-fit's learning rate when ``num_train`` points call for a pre-fit, or are not given)."""
     opts = get_spec(method).resolve(options or {})
     if "kernel_rounds" in opts:  # IterNCGP: no gradient training, kernel learning or none
         if not opts["learn_kernel"]:
@@ -165,8 +168,10 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
             "linear": f"lr {config.lr:g} decaying linearly over the epochs",
             "budget": f"lr {config.lr:g} decaying linearly over the budget",
             "none": f"constant lr {config.lr:g}"}[config.scheduler]
-    if opts.get("prefit") in ("auto", "exact") and config.lr > opts["prefit_max_lr"]:
-        rule += f"; lr {opts['prefit_max_lr']:g} from a pre-fitted start"
+    prefit = (opts.get("prefit") in ("auto", "exact") if num_train is None
+              else exact_prefit_wanted(opts, num_train))
+    if prefit and config.lr > opts["prefit_max_lr"]:
+        rule += f"; lr {opts['prefit_max_lr']:g} from an exact-GP pre-fit on a subset"
     return (f"{method}: training for at most {budget} ({config.optimizer}, {batch}, "
             f"{config.dtype}; {rule}); --epochs / --max-time change the budget")
 
@@ -187,7 +192,8 @@ def run(spec: RunSpec) -> RunResult:
     data = load_data(spec)
     spec = resolve_auto(spec, data)
     config, dtype = fit_config(spec, data.num_train)
-    logging.getLogger("gpscale.fit").info(plan_text(spec.method, config, spec.options))
+    logging.getLogger("gpscale.fit").info(plan_text(spec.method, config, spec.options,
+                                                    data.num_train))
     x, y = cast((data.x_train, data.y_train), config, data.task)
     x_test = data.x_test.to(dtype)
     callbacks = []

@@ -47,7 +47,7 @@ Deviations and choices (the paper is silent unless stated):
   an action. The authors' code takes log Σ_j ‖s'_j‖², which is not (notes/001 §8.3).
 - i ∤ n: blocks of ⌊n/i⌋ and ⌊n/i⌋ + 1 points cover all n (the code truncates the data).
 - Blocks are cells of the inputs by default (``blocks='local'``; the code: random subsets).
-- Hyperparameters start from an exact GP on 2,000 random points (``prefit``, `training.prefit`).
+- Above 10,000 points the prior starts from an exact GP on 2,000 points (`training.prefit`).
 - CG actions carry no gradient and are re-orthonormalised (:mod:`gpscale.linalg.policies.residual`).
 - The prior mean is GPyTorch's learned constant (the paper: zero mean), like the baselines.
 """

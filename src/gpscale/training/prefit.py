@@ -13,9 +13,9 @@ before it builds a method: training steps, so they live here.
   300 s budget holds ~60–90 epochs: from √d lengthscales that ends far from converged (Kin40k
   test NLL 0.065, SVGP −0.143), from the subset's values (at lr ≤ ``prefit_max_lr``,
   :func:`prefit_lr_cap`) it reaches −0.45. A start the training dtype cannot resolve (noise
-  below :data:`RESOLVABLE_ULPS` rounding units of the outputscale: Bike's subset in float32) is
-  not used; like a failed pre-fit it warns and training starts from the defaults (BENCHMARKS
-  "defaults").
+  below :data:`RESOLVABLE_ULPS` rounding units of the outputscale: Bike's subset in float32),
+  or, for CaGP-CG, one its CG actions cannot solve at (Kin40k), is not used; like a failed
+  pre-fit it warns and training starts from the defaults (BENCHMARKS "defaults").
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from torch import Tensor
 
 from gpscale.errors import NumericalError
 from gpscale.kernels import kernel_hyperparameters
+from gpscale.methods._cagp_cg import cg_action_cap
+from gpscale.methods._common import default_size
 from gpscale.methods.registry import build, get_spec
 from gpscale.training.config import METHOD_DEFAULTS, FitConfig
 from gpscale.training.fit import fit
@@ -52,6 +54,9 @@ cheap enough for ~700–1,000 epochs in the 300 s budget and its default start e
 n = 3,000: RMSE 0.115 against 0.139); above it the budget holds 70–250 epochs and the pre-fit
 wins (Elevators 0.443 → 0.428, Kin40k 0.065 → −0.45, Protein 1.062 → 0.928; BENCHMARKS
 "defaults")."""
+
+CG_ACTION_METHODS = ("cagp-cg",)
+"""Methods whose actions are CG iterates; their pre-fit must also pass :func:`_check_cg_reach`."""
 
 VALIDATION_POINTS = 1000
 """Most training points outside the pre-fit's subset on which :func:`validated_noise` picks the
@@ -90,6 +95,8 @@ def fill_prefit_options(method: str, train: tuple[Tensor, Tensor], *, task: str,
             found = exact_prefit(*train, kernel=opts["kernel"], ard=opts["ard"],
                                  size=opts["prefit_size"], seed=opts.get("seed", 0))
             _check_resolvable(found, train[0].dtype)
+            if method in CG_ACTION_METHODS:
+                _check_cg_reach(found, opts["num_actions"], train[0].shape[0])
         except (NumericalError, RuntimeError) as err:  # a start value only: recover
             warnings.warn(f"{method}: the exact-GP pre-fit of the hyperparameters failed "
                           f"({err}); training starts from the default values (√d, var(y), "
@@ -140,6 +147,19 @@ def _check_resolvable(found: dict[str, Any], dtype: torch.dtype) -> None:
             f"units of the outputscale {found['outputscale']:.3g} in {str(dtype)[6:]} "
             f"({floor:.3g}): the kernel is not resolved at that noise (--dtype float64 "
             "resolves it)")
+
+
+def _check_cg_reach(found: dict[str, Any], num_actions: int | None, num_train: int) -> None:
+    """NumericalError when CG with the method's i actions cannot approach the solve at the
+    pre-fitted values: K̂ = K + σ²I has eigenvalues from ≥ σ² to ≥ the outputscale s, and CG
+    needs ~√κ iterations, so i < √(s/σ²) actions stop far from it (Kin40k: s = 28.4, σ² = 10⁻⁴,
+    √(s/σ²) = 533 against i = 106; CaGP-CG from there: test NLL 1.06, from the defaults −0.21)."""
+    i = default_size(num_actions, num_train, cg_action_cap(num_train), 2, "num_actions")
+    if found["outputscale"] / found["noise"] > i * i:
+        raise NumericalError(
+            f"√(outputscale / noise) = √({found['outputscale']:.3g} / {found['noise']:.3g}) = "
+            f"{math.sqrt(found['outputscale'] / found['noise']):.0f} exceeds the {i} CG actions: "
+            "CG cannot reach the solve at the pre-fitted values")
 
 
 def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int | None,
