@@ -7,7 +7,7 @@ Every caller goes through these two functions — ``gpscale fit`` and the benchm
 1. :func:`build_method` builds the method from the registry under a forked, seeded RNG (so the
    initialisation is reproducible and the caller's RNG untouched), in the training dtype, and
    times it; for methods with a fixed kernel (IterNCGP) it first runs the SVGP pre-fit of the
-   hyperparameters not given, for CaGP-Opt the exact-GP pre-fit on a subset
+   hyperparameters not given, for CaGP-Opt and CaGP-CG the exact-GP pre-fit on a subset
    (:mod:`gpscale.training.prefit`).
 2. :func:`train_built` trains it with ``training.fit`` (at most the method's ``prefit_max_lr``
    from a pre-fitted start; or conditions a method with nothing to train), then runs the

@@ -65,9 +65,6 @@ noise (half the subset's size at most)."""
 VALIDATION_MIN_GAIN = 0.01
 """Held-out NLL per point (nats) by which another noise must beat the fitted one to replace it."""
 
-NOISE_FLOOR = 1e-4
-"""The smallest noise variance GPyTorch's Gaussian likelihood takes (its default constraint)."""
-
 RESOLVABLE_ULPS = 10.0
 """A pre-fitted noise must be at least this many rounding units (machine epsilon of the training
 dtype) of the pre-fitted outputscale: below that the kernel entries, rounded in the training
@@ -256,12 +253,13 @@ def validated_noise(model: Any, train: tuple[Tensor, Tensor], held: tuple[Tensor
     Kin40k 1.8·10⁻⁴ was better than the fitted 10⁻⁴ by 0.001 only, and CaGP-Opt from it ended at
     test NLL −0.24 instead of −0.45."""
     fitted = float(model.likelihood.noise.detach())
+    floor = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)  # GPyTorch's: 1e-4
     nlls = {}
     model.eval()
     with torch.no_grad():
         for k in range(-4, 13):
             noise = fitted * 10.0 ** (k / 4)
-            if noise < NOISE_FLOOR and k:
+            if noise < floor and k:
                 continue
             model.likelihood.noise = noise
             pred = model.predict(model.condition(*train), held[0])
