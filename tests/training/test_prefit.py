@@ -3,6 +3,7 @@ its precision check and the learning-rate cap that follows it."""
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 
@@ -232,3 +233,17 @@ def test_cagp_cg_rejects_a_start_its_cg_actions_cannot_solve(monkeypatch, method
     if not accepted:
         assert "√(outputscale / noise) = √(28.4 / 0.0001) = 533 exceeds the 60 CG actions" in \
             str(caught[0].message)
+
+
+def test_prefit_stops_at_its_epoch_cap_and_announces_itself_to_gpscale_fit(caplog):
+    """The epoch cap, not the clock, ends a long pre-fit (a result independent of the machine's
+    load), and both its lines reach the ``gpscale.fit`` logger that ``gpscale fit`` shows."""
+    x, y = _data(400)
+    with caplog.at_level(logging.INFO, logger="gpscale.fit"):
+        capped = exact_prefit(x, y, **KERNEL, size=100, seed=1, max_epochs=1)
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpscale.fit.prefit"]
+    assert len(lines) == 2
+    assert "exact GP on 100 of 400 training points" in lines[0] and "at most 1 epochs" in lines[0]
+    assert "after 1 epochs (at its epoch cap)" in lines[1]
+    assert f"noise {capped['noise']:.3g}" in lines[1]
+    assert capped["lengthscale"] != exact_prefit(x, y, **KERNEL, size=100, seed=1)["lengthscale"]

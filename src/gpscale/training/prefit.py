@@ -7,7 +7,7 @@ before it builds a method: training steps, so they live here.
 - A regression method whose ``prefit`` option (:data:`~gpscale.methods.options.PREFIT_OPTIONS`:
   ``cagp-opt``, ``cagp-cg``) is ``'exact'``, or ``'auto'`` (the default) with more than
   :data:`AUTO_PREFIT_MIN_POINTS` training points: an exact GP fitted to ``prefit_size`` random
-  training points (the ``exact`` key's L-BFGS defaults, at most :data:`EXACT_PREFIT_SECONDS`),
+  training points (the ``exact`` key's L-BFGS defaults, at most :data:`EXACT_PREFIT_EPOCHS`),
   its noise then chosen on held-out training points (:func:`validated_noise`), supplies the
   lengthscales, outputscale and noise not given. CaGP's epoch is O(n²), so at n ≳ 30,000 its
   300 s budget holds ~60–90 epochs: from √d lengthscales that ends far from converged (Kin40k
@@ -39,13 +39,24 @@ from gpscale.training.config import METHOD_DEFAULTS, FitConfig
 from gpscale.training.fit import fit
 
 __all__ = ["prefit_hyperparameters", "fill_prefit_options", "exact_prefit", "prefit_lr_cap",
-           "validated_noise", "exact_prefit_wanted", "EXACT_PREFIT_SECONDS", "RESOLVABLE_ULPS",
-           "VALIDATION_POINTS", "VALIDATION_MIN_GAIN", "AUTO_PREFIT_MIN_POINTS"]
+           "validated_noise", "exact_prefit_wanted", "EXACT_PREFIT_EPOCHS", "EXACT_PREFIT_SECONDS",
+           "RESOLVABLE_ULPS", "VALIDATION_POINTS", "VALIDATION_MIN_GAIN", "AUTO_PREFIT_MIN_POINTS"]
 
 log = logging.getLogger("gpscale.training")
+announce = logging.getLogger("gpscale.fit.prefit")
+"""The pre-fits' start and result lines: under ``gpscale.fit``, which ``gpscale fit`` shows
+without ``--verbose`` (a pre-fit takes 10–90 s before the progress bar starts)."""
 
-EXACT_PREFIT_SECONDS = 60.0
-"""Most seconds of the exact-GP pre-fit's L-BFGS (n = 2,000, d = 8: ~40 s here)."""
+EXACT_PREFIT_EPOCHS = 30
+"""Most epochs (of 5 L-BFGS iterations) of the exact-GP pre-fit: its stopping rule besides
+convergence, so that the result does not depend on the machine's speed or load (a 60 s limit
+stopped Bike's and Parkinsons' pre-fits at different points under load). Uncapped on 2,000
+points the pre-fit converges after 13 (Kin40k), 15 (Protein), 19 (Elevators), 20 (Bike) and 25
+(KEGGu, d = 26) epochs, 48–84 s here."""
+
+EXACT_PREFIT_SECONDS = 300.0
+"""A safety limit on the pre-fit's seconds; convergence or the epoch cap
+:data:`EXACT_PREFIT_EPOCHS` ends it first on every set measured."""
 
 AUTO_PREFIT_MIN_POINTS = 10_000
 """``prefit='auto'`` pre-fits above this many training points. Below it CaGP-Opt's O(n²) epoch is
@@ -185,6 +196,10 @@ def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int 
     config = FitConfig(optimizer="adam", lr=lr, epochs=max(1, math.ceil(steps / batches)),
                        batch_size=batch_size if batch_size < n else None, seed=seed,
                        progress=False)
+    tic = time.perf_counter()
+    announce.info("pre-fit: an SVGP with %d inducing points, %d epochs of Adam, chooses the "
+                  "kernel (-o lengthscale=... -o outputscale=... skip it)",
+                  min(num_inducing, n), config.epochs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         fit(model, None, (x, targets), config)
@@ -193,6 +208,9 @@ def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int 
         raise ValueError(f"cannot read the hyperparameters of the pre-fitted {kernel!r} kernel")
     ls = hp.lengthscale.detach().double().reshape(-1, hp.lengthscale.shape[-1])  # (C or 1, d)
     os_ = hp.outputscale.detach().double().reshape(-1)  # (C or 1,)
+    announce.info("pre-fit: done in %.0f s: outputscale%s, lengthscale%s",
+                  time.perf_counter() - tic, _spread(os_.tolist()),
+                  _spread(ls.reshape(-1).tolist()))
     if per_latent and ls.shape[0] > 1:
         return (ls.tolist() if ard else ls[:, 0].tolist()), os_.tolist()
     ls = ls.log().mean(0).exp()  # geometric mean over classes, (d,) or (1,)
@@ -200,23 +218,29 @@ def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int 
 
 
 def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, seed: int,
+                 max_epochs: int = EXACT_PREFIT_EPOCHS,
                  max_time: float = EXACT_PREFIT_SECONDS) -> dict[str, Any]:
     """Lengthscale(s), outputscale and noise of an exact GP (float64, the ``exact`` key's L-BFGS
-    defaults within ``max_time`` seconds) fitted to ``size`` training points drawn at random
-    (all of them when n ≤ ``size``); with more points than that, the noise is then chosen on up
-    to :data:`VALIDATION_POINTS` other training points (:func:`validated_noise`). Returns
-    ``{"lengthscale", "outputscale", "noise"}``, the lengthscale a list of d floats with
-    ``ard``."""
+    defaults for at most ``max_epochs`` epochs and ``max_time`` seconds) fitted to ``size``
+    training points drawn at random (all of them when n ≤ ``size``); with more points than
+    that, the noise is then chosen on up to :data:`VALIDATION_POINTS` other training points
+    (:func:`validated_noise`). Returns ``{"lengthscale", "outputscale", "noise"}``, the
+    lengthscale a list of d floats with ``ard``. Its start and result are logged on
+    ``gpscale.fit.prefit``."""
     n = x.shape[0]
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=generator) if n > size else torch.arange(n)
     rows, held = order[:size], order[size:size + min(size // 2, VALIDATION_POINTS)]
     xs, ys = x[rows.to(x.device)].double().cpu(), y[rows.to(y.device)].double().cpu()
     tic = time.perf_counter()
+    announce.info("pre-fit: an exact GP on %d of %d training points chooses the start "
+                  "hyperparameters (float64 L-BFGS, at most %d epochs; -o prefit=off skips it)",
+                  xs.shape[0], n, max_epochs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build("exact", x.shape[1], init=(xs, ys), kernel=kernel, ard=ard)
-        config = replace(METHOD_DEFAULTS["exact"], max_time=max_time, progress=False, seed=seed)
+        config = replace(METHOD_DEFAULTS["exact"], epochs=max_epochs, max_time=max_time,
+                         progress=False, seed=seed)
         history = fit(model, None, (xs, ys), config)
     hp = kernel_hyperparameters(model.kernel)
     if hp is None:
@@ -230,11 +254,22 @@ def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, see
     if held.numel():
         found["noise"] = validated_noise(model, (xs, ys), (x[held.to(x.device)].double().cpu(),
                                                           y[held.to(y.device)].double().cpu()))
-    log.info("pre-fit: exact GP on %d of %d points, %.1f s (%s): outputscale %.3g, noise %.3g "
-             "(%.3g on %d held-out points), lengthscales %s", xs.shape[0], n,
-             time.perf_counter() - tic, history.stopped, found["outputscale"], fitted,
-             found["noise"], held.numel(), ", ".join(f"{v:.3g}" for v in ls))
+    stopped = {"epochs": "at its epoch cap", "time": "at its time limit"}.get(
+        history.stopped, history.stopped)
+    announce.info("pre-fit: done in %.0f s after %d epochs (%s): outputscale %.3g, noise %.3g%s, "
+                  "lengthscale%s", time.perf_counter() - tic, history.epochs, stopped,
+                  found["outputscale"], found["noise"],
+                  "" if found["noise"] == fitted else f" (held-out choice; fitted {fitted:.3g})",
+                  _spread(ls))
     return found
+
+
+def _spread(values: list[float]) -> str:
+    """``' 1.2'`` for one value, ``'s 0.17–9.9 (median 0.58)'`` for several."""
+    if len(values) == 1:
+        return f" {values[0]:.3g}"
+    ordered = sorted(values)
+    return f"s {ordered[0]:.3g}–{ordered[-1]:.3g} (median {ordered[len(values) // 2]:.3g})"
 
 
 def validated_noise(model: Any, train: tuple[Tensor, Tensor], held: tuple[Tensor, Tensor]
