@@ -56,6 +56,19 @@ def test_safe_cholesky_grows_jitter_tenfold(generator):
     torch.testing.assert_close(L @ L.mT, add_jitter(A, 1e-6 * scale), rtol=0, atol=1e-12)
 
 
+def test_safe_cholesky_stops_at_max_jitter(generator):
+    """The same matrix with ``max_jitter`` below the jitter it needs (1e-6 · mean diag) raises
+    instead of factorising a matrix moved further than the caller can accept."""
+    eigenvalues = torch.cat([torch.tensor([-5e-7]), torch.ones(5)]).double()
+    A = spd_with_spectrum(eigenvalues, generator)
+    scale = A.diagonal().mean().item()
+    with pytest.raises(NumericalError, match=r"needs jitter above 5e-07"):
+        safe_cholesky(A, max_jitter=5e-7, name="gram")  # the third try, 1e-6 · 0.83, is above
+    with pytest.warns(RuntimeWarning):
+        L = safe_cholesky(A, max_jitter=2e-6 * scale)
+    torch.testing.assert_close(L @ L.mT, add_jitter(A, 1e-6 * scale), rtol=0, atol=1e-12)
+
+
 def test_safe_cholesky_indefinite_raises_numerical_error(generator):
     """An indefinite matrix fails past the bound; the message names what to change."""
     A = spd_with_spectrum(torch.tensor([-1.0, 1.0, 2.0], dtype=torch.float64), generator)

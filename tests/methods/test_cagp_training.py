@@ -205,6 +205,44 @@ def test_indefinite_float32_gram_falls_back_to_float64_products(monkeypatch):
     torch.testing.assert_close(pred.variance.double(), pred64.variance, rtol=1e-4, atol=1e-6)
 
 
+def test_float32_gram_needing_jitter_beyond_the_noise_falls_back_to_float64(monkeypatch):
+    """KEGGu's pre-fitted start (outputscale 7,900, σ² = 0.0145): float32 SᵀKS erred by ±0.08
+    and the Cholesky took jitter up to 1e2, silently wrong. Here a float32 error of −1e-3 SᵀS
+    against σ² = 1e-4 (outputscale 1e4) would factorise with jitter ~1e-3 ≪ the old limit
+    (1e-4 · mean diag); jitter above a tenth of σ² now counts as unresolved: ``resolves`` says
+    so and ``condition`` uses float64 products, whose loss is the float64 model's."""
+    x, y = toy_data(200)
+    x32, y32 = x.float(), y.float()
+    prior = {"lengthscale": 3.0, "outputscale": 1e4, "noise": 1e-4}
+    model = cagp.build_cagp_opt(D, init=(x32, y32), num_actions=20, **prior)
+    assert model.resolves(x32, y32)
+    with torch.no_grad():
+        state = model.condition(x32, y32)
+        gram = state.gram_K + 1e-4 * state.gram_actions
+        root = state.gram_actions.diagonal().rsqrt()  # SᵀS is diagonal: scale it out
+        shift = float(torch.linalg.eigvalsh(root[:, None] * gram * root).min())
+    assert float(gram.diagonal().mean()) * 1e-4 > 1e-3  # jitter safe_cholesky would try
+    real = cagp.kernel_times
+
+    def lossy(S, kernel, xk, x_rows, chunk_size, backend):  # SᵀK̂S's least eigenvalue ≈ −1e-3
+        Z = real(S, kernel, xk, x_rows, chunk_size, backend)
+        if xk.dtype == torch.float32 and x_rows is None:
+            return Z - (shift + 1e-3) * S.to_dense()
+        return Z
+
+    monkeypatch.setattr(cagp, "kernel_times", lossy)
+    assert not model.resolves(x32, y32)
+    with pytest.warns(RuntimeWarning, match="within a tenth of the noise"):
+        state = model.condition(x32, y32)
+    assert state.K_S.dtype == torch.float64
+    reference = cagp.build_cagp_opt(D, init=(x, y), num_actions=20, **prior)
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model.loss(state).double(),
+                                   reference.loss(reference.condition(x, y)),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_lbfgs_float64_training_decreases_loss():
     """L-BFGS in float64 through training.fit lowers the ELBO loss."""
     x, y = toy_data(60)

@@ -12,6 +12,7 @@ import torch
 
 from gpscale.errors import NumericalError
 from gpscale.kernels import kernel_hyperparameters
+from gpscale.methods import cagp
 from gpscale.testing import toy_problem
 from gpscale.training import METHOD_DEFAULTS
 from gpscale.training import prefit as prefit_module
@@ -247,3 +248,27 @@ def test_prefit_stops_at_its_epoch_cap_and_announces_itself_to_gpscale_fit(caplo
     assert "after 1 epochs (at its epoch cap)" in lines[1]
     assert f"noise {capped['noise']:.3g}" in lines[1]
     assert capped["lengthscale"] != exact_prefit(x, y, **KERNEL, size=100, seed=1)["lengthscale"]
+
+
+def test_a_start_whose_gram_the_training_dtype_cannot_factor_is_not_used(monkeypatch):
+    """A pre-fitted start that passes the rounding-unit check but whose float32 SᵀK̂S is not
+    positive definite (KEGGu: ``CaGP.resolves`` false) warns; the model is rebuilt at the
+    default start and trains at the default lr."""
+    x, y = _data(200)
+    found = {"lengthscale": [0.5, 0.7], "outputscale": 3.0, "noise": 0.02}
+    monkeypatch.setattr(prefit_module, "exact_prefit", lambda *a, **k: dict(found))
+    checked = []
+
+    def resolves(self, xr, yr):
+        checked.append((float(self.likelihood.noise), xr.dtype))
+        return False
+
+    monkeypatch.setattr(cagp.CaGP, "resolves", resolves)
+    config = METHOD_DEFAULTS["cagp-opt"].updated(progress=False)
+    with pytest.warns(UserWarning, match="float32 kernel products do not resolve the noise"):
+        model, _ = build_method("cagp-opt", (x, y), task="regression", num_classes=None,
+                                options={"num_actions": 8, "prefit": "exact"}, config=config,
+                                seed=0)
+    assert checked == [(pytest.approx(0.02), torch.float32)]
+    assert float(model.likelihood.noise) == pytest.approx(0.1 * float(y.float().var()), rel=1e-4)
+    assert model.max_start_lr is None

@@ -107,7 +107,8 @@ def _start_jitter(A: Tensor, jitter: float | None) -> Tensor:
 
 
 def safe_cholesky(A: Float[Tensor, "*b n n"], *, jitter: float | None = None, max_tries: int = 5,
-                  name: str = "matrix") -> Float[Tensor, "*b n n"]:
+                  name: str = "matrix", max_jitter: float | None = None
+                  ) -> Float[Tensor, "*b n n"]:
     """Lower Cholesky factor of SPD ``A``, adding growing jitter when the plain factorisation fails.
 
     Tries ``cholesky(A)``; on failure ``cholesky(A + j I)`` for ``j = j0 · 10^t``, t = 0 …
@@ -119,6 +120,8 @@ def safe_cholesky(A: Float[Tensor, "*b n n"], *, jitter: float | None = None, ma
         jitter: absolute first jitter; default relative to the mean diagonal (see above).
         max_tries: number of jittered attempts (≥ 0).
         name: what ``A`` is, for the warning and the error message.
+        max_jitter: the most jitter that leaves the factor meaningful (e.g. a fraction of the
+            noise term that makes ``A`` positive definite); a larger one is not tried.
 
     Returns:
         L (..., n, n), lower triangular with ``L Lᵀ = A + j I`` (j = 0 when no jitter was needed).
@@ -127,7 +130,8 @@ def safe_cholesky(A: Float[Tensor, "*b n n"], *, jitter: float | None = None, ma
         RuntimeWarning: naming the jitter that was added.
 
     Raises:
-        NumericalError: naming ``name``, the shape, dtype and last jitter, past ``max_tries``.
+        NumericalError: naming ``name``, the shape, dtype and last jitter, past ``max_tries``
+            or ``max_jitter``.
     """
     L, info = torch.linalg.cholesky_ex(A)
     if not bool((info > 0).any()):
@@ -137,6 +141,10 @@ def safe_cholesky(A: Float[Tensor, "*b n n"], *, jitter: float | None = None, ma
     last = jitter0
     for attempt in range(max_tries):
         last = jitter0 * 10.0**attempt
+        if max_jitter is not None and bool((last[failed] > max_jitter).any()):
+            raise NumericalError(
+                f"Cholesky of {name} {tuple(A.shape)} ({A.dtype}) failed: it needs jitter above "
+                f"{max_jitter:.3g}, the most that leaves it meaningful")
         L_try, info = torch.linalg.cholesky_ex(add_jitter(A, torch.where(failed, last, 0.0)))
         if not bool((info > 0).any()):
             # The jitter is given to its order of magnitude so that a factorisation repeated

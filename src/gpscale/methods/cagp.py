@@ -54,7 +54,6 @@ Deviations and choices (the paper is silent unless stated):
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -68,9 +67,7 @@ from torch import Tensor
 from gpscale.distributions import Predictive
 from gpscale.errors import NumericalError
 from gpscale.kernels import (
-    kernel_block_sparse_matmul,
     kernel_diag,
-    kernel_matmul,
     kernel_matrix,
 )
 from gpscale.linalg.operators.block_sparse import BlockLayout, BlockSparseActions
@@ -83,6 +80,7 @@ from gpscale.linalg.policies.block_sparse import (
     local_assignment,
 )
 from gpscale.linalg.policies.residual import ResidualPolicy
+from gpscale.methods._cagp_actions import action_gram, kernel_times, upcast_actions
 from gpscale.methods._cagp_cg import (
     IterativePosterior,
     KernelOperator,
@@ -110,6 +108,10 @@ __all__ = [
 ]
 
 OBJECTIVES = ("elbo", "projected_nll")
+
+JITTER_NOISE_FRACTION = 0.1
+"""The most jitter SᵀK̂S may take, as a fraction of its noise term σ² min diag(SᵀS), before a
+below-float64 Gram counts as unresolved (:meth:`CaGP.resolves`)."""
 
 REFRESH_EVERY = 4
 """CaGP-CG's default ``refresh_every`` (see :mod:`gpscale.methods._cagp_cg`)."""
@@ -214,8 +216,9 @@ class CaGP(Method):
                 raise
             # The message has no changing numbers, so Python's default filter shows it once.
             warnings.warn(f"CaGP: SᵀK̂S from {x.dtype} kernel products is not positive definite "
-                          "(noise σ² near its floor); the kernel products are recomputed in "
-                          "float64 (about 2x slower)", RuntimeWarning, stacklevel=2)
+                          "to within a tenth of the noise σ² (σ² small against the outputscale); "
+                          "the kernel products are recomputed in float64 (2-4x slower)",
+                          RuntimeWarning, stacklevel=2)
             x, S = upcast(x), upcast_actions(S)
             Z, G_K, D, logdet_D, L = self._gram(x, S, noise)
         y_proj = upcast(S.mT @ r.to(x.dtype))  # line 2, ỹ = Sᵀ r (float64 after a fallback)
@@ -246,8 +249,24 @@ class CaGP(Method):
         G_K = upcast(S.mT @ Z)  # (i, i) SᵀKS
         G_K = 0.5 * (G_K + G_K.mT)
         D, logdet_D = action_gram(S)
-        L = safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S")
+        # Below float64 the product's rounding may not be resolved against the noise (KEGGu's
+        # pre-fitted start: float32 errors of ±0.08 in SᵀKS, σ² = 0.0145): jitter beyond a tenth
+        # of the noise term would hide that, so it fails and condition() goes to float64.
+        cap = None if x.dtype == torch.float64 else float(
+            JITTER_NOISE_FRACTION * noise.detach() * D.diagonal().min().detach())
+        L = safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S", max_jitter=cap)
         return Z, G_K, D, logdet_D, L
+
+    def resolves(self, x: Tensor, y: Tensor) -> bool:
+        """Whether kernel products in ``x``'s dtype give a positive definite SᵀK̂S (jitter at
+        most :data:`JITTER_NOISE_FRACTION` of the noise term) at the current hyperparameters;
+        where not, :meth:`condition` recomputes them in float64."""
+        with torch.no_grad():
+            try:
+                self._gram(x, self.actions_for(x, y), self.noise)
+            except NumericalError:
+                return False
+        return True
 
     def loss(self, state: CaGPState) -> Tensor:
         """The chosen objective per datum: ``negative_elbo`` or ``projected_nll``."""
@@ -307,46 +326,6 @@ class CaGP(Method):
 def trace_solve(L: Tensor, A: Tensor) -> Tensor:
     """tr(G⁻¹ A) for G = L Lᵀ."""
     return torch.cholesky_solve(A, L).diagonal().sum()
-
-
-@functools.singledispatch
-def upcast_actions(S: Tensor) -> Tensor:
-    """The actions in float64 (differentiable: gradients reach the float32 values)."""
-    return upcast(S)
-
-
-@upcast_actions.register
-def _(S: BlockSparseActions) -> BlockSparseActions:
-    return BlockSparseActions(upcast(S.values), S.index, num_blocks=S.layout.num_blocks,
-                              transposed=S.transposed)
-
-
-@functools.singledispatch
-def action_gram(S: Tensor) -> tuple[Tensor, Tensor]:
-    """(SᵀS, log det SᵀS) in float64 for dense actions (through a Cholesky factor)."""
-    D = upcast(S.mT @ S)
-    return D, 2 * safe_cholesky(D, name="action Gram SᵀS").diagonal().log().sum()
-
-
-@action_gram.register
-def _(S: BlockSparseActions) -> tuple[Tensor, Tensor]:
-    norms = upcast(S.squared_norms())  # ‖s'_j‖², SᵀS is diagonal
-    return torch.diag(norms), norms.log().sum()  # Eq. (11): Σ_j log ‖s'_j‖²
-
-
-@functools.singledispatch
-def kernel_times(S: Tensor, kernel, x: Tensor, x_rows: Tensor | None, chunk_size: int | None,
-                  backend: str) -> Tensor:
-    """K(x_rows, x) S matrix-free (x_rows=None: K(x, x) S) for dense actions."""
-    rows = x if x_rows is None else x_rows
-    return kernel_matmul(kernel, rows, x, S, chunk_size=chunk_size, backend=backend)
-
-
-@kernel_times.register
-def _(S: BlockSparseActions, kernel, x: Tensor, x_rows: Tensor | None, chunk_size: int | None,
-      backend: str) -> Tensor:
-    return kernel_block_sparse_matmul(kernel, x, S, x_rows=x_rows, chunk_size=chunk_size,
-                                      backend=backend)
 
 
 def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int | None = None,

@@ -32,7 +32,7 @@ from gpscale.training.config import FitConfig
 from gpscale.training.fit import condition_only, fit
 from gpscale.training.history import History
 from gpscale.training.laplace import learn_kernel
-from gpscale.training.prefit import fill_prefit_options, prefit_lr_cap
+from gpscale.training.prefit import fill_prefit_options, prefit_lr_cap, start_resolvable
 
 __all__ = ["Trained", "build_method", "cast", "train_built", "train_method"]
 
@@ -75,6 +75,11 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
                       **filled)
         model.to(device=device, dtype=config.torch_dtype)
         model.max_start_lr = prefit_lr_cap(method, options, filled)  # read by train_built
+        if model.max_start_lr is not None and not start_resolvable(method, model, x, y):
+            model = build(method, x.shape[1], task=task, num_classes=num_classes, init=(x, y),
+                          **options)  # the default start
+            model.to(device=device, dtype=config.torch_dtype)
+            model.max_start_lr = None
         return model, time.perf_counter() - tic
 
 

@@ -14,6 +14,7 @@ before it builds a method: training steps, so they live here.
   test NLL 0.065, SVGP −0.143), from the subset's values (at lr ≤ ``prefit_max_lr``,
   :func:`prefit_lr_cap`) it reaches −0.45. A start the training dtype cannot resolve (noise
   below :data:`RESOLVABLE_ULPS` rounding units of the outputscale: Bike's subset in float32),
+  or whose Gram matrix the training dtype cannot factor (:func:`start_resolvable`, KEGGu),
   or, for CaGP-CG, one its CG actions cannot solve at (Kin40k), is not used; like a failed
   pre-fit it warns and training starts from the defaults (BENCHMARKS "defaults").
 """
@@ -39,8 +40,9 @@ from gpscale.training.config import METHOD_DEFAULTS, FitConfig
 from gpscale.training.fit import fit
 
 __all__ = ["prefit_hyperparameters", "fill_prefit_options", "exact_prefit", "prefit_lr_cap",
-           "validated_noise", "exact_prefit_wanted", "EXACT_PREFIT_EPOCHS", "EXACT_PREFIT_SECONDS",
-           "RESOLVABLE_ULPS", "VALIDATION_POINTS", "VALIDATION_MIN_GAIN", "AUTO_PREFIT_MIN_POINTS"]
+           "validated_noise", "exact_prefit_wanted", "start_resolvable", "EXACT_PREFIT_EPOCHS",
+           "EXACT_PREFIT_SECONDS", "RESOLVABLE_ULPS", "VALIDATION_POINTS",
+           "VALIDATION_MIN_GAIN", "AUTO_PREFIT_MIN_POINTS"]
 
 log = logging.getLogger("gpscale.training")
 announce = logging.getLogger("gpscale.fit.prefit")
@@ -155,6 +157,22 @@ def _check_resolvable(found: dict[str, Any], dtype: torch.dtype) -> None:
             f"units of the outputscale {found['outputscale']:.3g} in {str(dtype)[6:]} "
             f"({floor:.3g}): the kernel is not resolved at that noise (--dtype float64 "
             "resolves it)")
+
+
+def start_resolvable(method: str, model: Any, x: Tensor, y: Tensor) -> bool:
+    """Whether ``model``, built at pre-fitted values, computes its training quantities in the
+    training dtype (``model.resolves``, CaGP's SᵀK̂S; a model without the check passes); if not,
+    warns that training starts from the defaults. KEGGu's start (outputscale 7,900, noise
+    0.0145) passes :func:`_check_resolvable` but its float32 Gram errs by ±0.08: trained from
+    there CaGP-Opt needed jitter of 1e2 and ended at test NLL −0.43."""
+    resolves = getattr(model, "resolves", None)
+    if resolves is None or resolves(x, y):
+        return True
+    warnings.warn(f"{method}: at the pre-fitted hyperparameters the {x.dtype} kernel products "
+                  "do not resolve the noise (its Gram matrix is not positive definite); "
+                  "training starts from the default values instead (float64 training, "
+                  "--dtype float64, would keep them at 2-4x the cost per epoch)", stacklevel=3)
+    return False
 
 
 def _check_cg_reach(found: dict[str, Any], num_actions: int | None, num_train: int) -> None:
