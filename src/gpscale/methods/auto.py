@@ -17,6 +17,7 @@ regression             n ≤ 50,000                       ``cagp-opt``: best or 
                                                         points it starts from an exact-GP
                                                         pre-fit and beats SOLVE-GP's defaults on
                                                         Elevators, Bike, Kin40k and Protein
+                                                        (behind on a smooth 8-D field)
 regression             larger n                         ``solvegp``: minibatch, two inducing sets;
                                                         SVGP-512's NLL on five UCI sets at
                                                         0.6–0.8× its step time; learns which
@@ -60,7 +61,8 @@ CAGP_MAX_N = 50_000
 exact-GP pre-fit above 10,000 points (session 33) its defaults beat SOLVE-GP's in the 300 s
 budget on every set between 10k and 50k measured (test NLL, `gpscale fit --dataset D --method
 KEY`): Elevators (15k) 0.428 vs 0.439, Bike (16k) −2.229 vs −1.384, Kin40k (36k) −0.451 vs
-−0.126, Protein (41k) 0.928 vs 0.979. At KEGGu (57k, 18 epochs in the budget) they tie:
+−0.126, Protein (41k) 0.928 vs 0.979; behind on the scale suite's smooth 8-D field (36k) 0.137
+vs 0.074. At KEGGu (57k, 18 epochs in the budget) they tie:
 −0.698 vs −0.703 (SOLVE-GP converged in 71 s against CaGP-Opt's 93 s pre-fit + 300 s), so
 above 50,000 points SOLVE-GP, whose cost per step does not grow with n. Before the pre-fit
 (sessions 28, 31: Elevators 0.443, Protein 1.062) the boundary was 10,000."""
