@@ -110,7 +110,8 @@ def fill_prefit_options(method: str, train: tuple[Tensor, Tensor], *, task: str,
         except (NumericalError, RuntimeError) as err:  # a start value only: recover
             warnings.warn(f"{method}: the exact-GP pre-fit of the hyperparameters failed "
                           f"({err}); training starts from the default values (√d, var(y), "
-                          f"0.1 var(y)); -o prefit=off skips the pre-fit", stacklevel=2)
+                          f"0.1 var(y)) at the default learning rate; -o prefit=off skips the "
+                          f"pre-fit", stacklevel=2)
             return options
         return {**options, **{k: found[k] for k in missing}}
     if not spec.prefit:
@@ -170,7 +171,8 @@ def start_resolvable(method: str, model: Any, x: Tensor, y: Tensor) -> bool:
         return True
     warnings.warn(f"{method}: at the pre-fitted hyperparameters the {x.dtype} kernel products "
                   "do not resolve the noise (its Gram matrix is not positive definite); "
-                  "training starts from the default values instead (float64 training, "
+                  "training starts from the default values at the default learning rate "
+                  "instead (float64 training, "
                   "--dtype float64, would keep them at 2-4x the cost per epoch)", stacklevel=3)
     return False
 
