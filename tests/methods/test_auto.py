@@ -19,6 +19,7 @@ from gpscale.methods.auto import (
     RULES,
     choose_method,
 )
+from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS
 
 GIB = 2**30
 
@@ -155,3 +156,13 @@ def test_cli_auto_with_a_misspelt_option_is_a_one_line_error(tmp_path, capsys):
     assert code == 2 and "Traceback" not in err
     assert "unknown option 'num_inducng' for method 'auto'" in err
     assert "did you mean 'num_inducing'" in err
+
+
+def test_cagp_choice_above_the_prefit_threshold_names_the_faster_alternative():
+    """Between the pre-fit threshold and CAGP_MAX_N the reason says CaGP-Opt takes its whole
+    budget after a pre-fit and that solvegp converges sooner; below it, it does not."""
+    above = choose_method("regression", AUTO_PREFIT_MIN_POINTS + 1, 9, memory=64 * GIB)
+    below = choose_method("regression", AUTO_PREFIT_MIN_POINTS, 9, memory=64 * GIB)
+    assert above.method == below.method == "cagp-opt"
+    assert "--method solvegp converges sooner" in above.reason
+    assert "solvegp" not in below.reason

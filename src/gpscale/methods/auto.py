@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpscale.methods.options import OptionError
+from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS, OptionError
 from gpscale.methods.registry import get_spec
 
 __all__ = ["AUTO", "RULES", "Choice", "choose_method", "candidates", "check_options",
@@ -138,8 +138,11 @@ def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
         return Choice("ggp", why + f"d = {d} ≤ {GRID_MAX_DIMS}: ggp (grid interpolation, "
                                    "solver cost independent of n)")
     if n <= CAGP_MAX_N:
+        slower = ("" if n <= AUTO_PREFIT_MIN_POINTS else "; it uses its whole time budget after "
+                  "an exact-GP pre-fit, --method solvegp converges sooner")
         return Choice("cagp-opt", why + f"d = {d} > {GRID_MAX_DIMS} and n ≤ {CAGP_MAX_N:,}: "
-                                        "cagp-opt (computation-aware, most accurate at this size)")
+                                        "cagp-opt (computation-aware, most accurate at this "
+                                        f"size{slower})")
     # Not softki yet: with ARD-scaled softmax distances (session 25) it leads SVGP-512 on the
     # five UCI sets of its suite and learns relevant32, but its defaults have not been through
     # the full `bench defaults` suite against SOLVE-GP's.

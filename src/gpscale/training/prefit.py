@@ -35,6 +35,7 @@ from gpscale.errors import NumericalError
 from gpscale.kernels import kernel_hyperparameters
 from gpscale.methods._cagp_cg import cg_action_cap
 from gpscale.methods._common import default_size
+from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS
 from gpscale.methods.registry import build, get_spec
 from gpscale.training.config import METHOD_DEFAULTS, FitConfig
 from gpscale.training.fit import fit
@@ -59,14 +60,6 @@ points the pre-fit converges after 13 (Kin40k), 15 (Protein), 19 (Elevators), 20
 EXACT_PREFIT_SECONDS = 300.0
 """A safety limit on the pre-fit's seconds; convergence or the epoch cap
 :data:`EXACT_PREFIT_EPOCHS` ends it first on every set measured."""
-
-AUTO_PREFIT_MIN_POINTS = 10_000
-"""``prefit='auto'`` pre-fits above this many training points. Below it CaGP-Opt's O(n²) epoch is
-cheap enough for ~700–1,000 epochs in the 300 s budget and its default start ends better
-(Parkinsons, n = 5,287: test NLL −3.40 against −3.31 from the pre-fit; ``relevant32``,
-n = 3,000: RMSE 0.115 against 0.139); above it the budget holds 70–250 epochs and the pre-fit
-wins (Elevators 0.443 → 0.428, Kin40k 0.065 → −0.45, Protein 1.062 → 0.928; BENCHMARKS
-"defaults")."""
 
 CG_ACTION_METHODS = ("cagp-cg",)
 """Methods whose actions are CG iterates; their pre-fit must also pass :func:`_check_cg_reach`."""
