@@ -71,15 +71,16 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
         tic = time.perf_counter()
         filled = fill_prefit_options(method, (x, y), task=task, num_classes=num_classes,
                                      options=options)
-        model = build(method, x.shape[1], task=task, num_classes=num_classes, init=(x, y),
-                      **filled)
-        model.to(device=device, dtype=config.torch_dtype)
-        model.max_start_lr = prefit_lr_cap(method, options, filled)  # read by train_built
-        if model.max_start_lr is not None and not start_resolvable(method, model, x, y):
+        def built(opts: dict[str, Any]) -> Method:
             model = build(method, x.shape[1], task=task, num_classes=num_classes, init=(x, y),
-                          **options)  # the default start
+                          **opts)
             model.to(device=device, dtype=config.torch_dtype)
-            model.max_start_lr = None
+            model.max_start_lr = prefit_lr_cap(method, options, opts)  # read by train_built
+            return model
+
+        model = built(filled)
+        if model.max_start_lr is not None and not start_resolvable(method, model, x, y):
+            model = built(options)  # the default start, at the default lr
         return model, time.perf_counter() - tic
 
 
