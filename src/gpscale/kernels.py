@@ -34,11 +34,7 @@ from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
 
 from gpscale.linalg import fused, native
 from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk_size
-from gpscale.linalg.operators.block_sparse import (
-    DEFAULT_SPAN_ROWS,
-    BlockSparseActions,
-    symmetric_kernel_product,
-)
+from gpscale.linalg.operators.block_sparse import BlockSparseActions, symmetric_kernel_product
 from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
 from gpscale.linalg.preconditioners import PivotedCholeskyPreconditioner
 from gpscale.typing import Float, Tensor
@@ -218,8 +214,9 @@ def kernel_matmul(kernel: Kernel, x1: Float[Tensor, "*b n1 d"], x2: Float[Tensor
         rhs: right-hand sides (..., n2, k) or a vector (n2,).
         chunk_size: rows of ``x1`` per chunk. Default: 'eager' fills
             :data:`gpscale.linalg.chunked.DEFAULT_MAX_KERNEL_ENTRIES` entries per chunk; the
-            fused paths take :data:`gpscale.linalg.fused.DEFAULT_ROWS` rows and split the
-            columns into tiles of at most :data:`gpscale.linalg.fused.TILE_ENTRIES` entries.
+            fused paths take :func:`gpscale.linalg.fused.default_rows` rows and split the
+            columns into tiles of at most :func:`gpscale.linalg.fused.tile_entries` entries
+            (cache-sized on the CPU, larger on a GPU).
         backend: one of :data:`BACKENDS` (see the module docstring and :func:`select_backend`).
 
     Returns:
@@ -237,14 +234,14 @@ def kernel_matmul(kernel: Kernel, x1: Float[Tensor, "*b n1 d"], x2: Float[Tensor
                          f"{tuple(x2.shape)}, rhs {tuple(rhs.shape)}")
     name = select_backend(kernel, x1, x2, backend)
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], rhs.shape[:-2], kernel.batch_shape)
-    chunk = chunk_size or _default_chunk(name, x2.shape[-2] * batch.numel())
+    chunk = chunk_size or _default_chunk(name, x2.shape[-2] * batch.numel(), x1)
     out = _BACKENDS[name](kernel, x1, x2, rhs, chunk)
     return out.squeeze(-1) if vector else out
 
 
-def _default_chunk(backend: str, num_entries_per_row: int) -> int:
-    if backend in ("fused", "compiled", "native"):  # these tile both axes: ≤ TILE_ENTRIES at a time
-        return fused.DEFAULT_ROWS
+def _default_chunk(backend: str, num_entries_per_row: int, like: Tensor) -> int:
+    if backend in ("fused", "compiled", "native"):  # these tile both axes: ≤ tile_entries at a time
+        return fused.default_rows(like)
     return default_chunk_size(num_entries_per_row)
 
 
@@ -322,8 +319,9 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
         x: (n, d) the inputs the actions act on (data order).
         actions: S, with ``actions.layout.num_points == n``.
         x_rows: (t, d) row inputs, or ``None`` for ``x`` itself (symmetric training product).
-        chunk_size: rows per chunk (span); default ``DEFAULT_SPAN_ROWS`` for the symmetric
-            product, ``DEFAULT_MAX_KERNEL_ENTRIES / n`` rows otherwise.
+        chunk_size: rows per chunk (span); default :func:`gpscale.linalg.fused.span_rows`
+            (``DEFAULT_SPAN_ROWS`` on the CPU) for the symmetric product,
+            ``DEFAULT_MAX_KERNEL_ENTRIES / n`` rows otherwise.
         backend: one of :data:`BACKENDS`; 'keops' (no block reduction there) runs 'compiled',
             'eager' always takes the row-chunked GPyTorch path; 'auto' on the CPU 'native'
             where it is available.
@@ -356,7 +354,7 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
     z, _, exact = _exact_last(z, z)
     out = symmetric_kernel_product(hp.profile, z[0][actions.index], actions.values,
                                    actions.layout, compiled=name != "fused",
-                                   chunk_size=chunk_size or DEFAULT_SPAN_ROWS,
+                                   chunk_size=chunk_size or fused.span_rows(z),
                                    exact=exact)  # block order
     return hp.outputscale * out[actions.inverse_index()]
 
@@ -384,8 +382,9 @@ def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
         actions: S, with ``actions.layout.num_points == n``.
         rows: (t,) integer indices of rows of ``x`` (data order); or
         x_rows: (t, d) row inputs. Exactly one of the two.
-        chunk_size: rows per chunk and columns per span; default ``DEFAULT_SPAN_ROWS`` on the
-            fused paths, ``DEFAULT_MAX_KERNEL_ENTRIES / n`` rows on the eager one.
+        chunk_size: rows per chunk and columns per span; default
+            :func:`gpscale.linalg.fused.span_rows` on the fused paths,
+            ``DEFAULT_MAX_KERNEL_ENTRIES / n`` rows on the eager one.
         backend: one of :data:`BACKENDS`; 'keops' runs 'compiled'; 'auto' as
             :func:`select_backend` decides for the (t, n) product.
 
@@ -430,7 +429,7 @@ def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
     out = rectangular_kernel_product(hp.profile, z_rows[0], z[0][actions.index], actions.values,
                                      actions.layout, rows_in_z=position,
                                      compiled=name != "fused",
-                                     chunk_size=chunk_size or DEFAULT_SPAN_ROWS, exact=exact)
+                                     chunk_size=chunk_size or fused.span_rows(z), exact=exact)
     return hp.outputscale * out
 
 

@@ -75,3 +75,17 @@ def test_rhs_only_gradient(generator):
     (grad,) = torch.autograd.grad((_fused("matern52", z1, z2, rhs) * weights).sum(), [rhs])
     torch.testing.assert_close(grad, DENSE["matern52"](torch.cdist(z1, z2)).mT @ weights,
                                rtol=1e-12, atol=1e-12)
+
+
+def test_tile_sizes_cpu_and_gpu_rule():
+    """CPU tensors keep the cache-sized tiles; a GPU takes TILE_ENTRIES_GPU unless its free
+    memory is short (a sixteenth of it at most, never below the CPU's tile)."""
+    x32, x64 = torch.zeros(1, dtype=torch.float32), torch.zeros(1, dtype=torch.float64)
+    assert fused.tile_entries(x32) == fused.tile_entries(x64) == fused.TILE_ENTRIES
+    assert fused.span_rows(x32) == math.isqrt(fused.TILE_ENTRIES) == 1024
+    assert fused.default_rows(x32) == fused.DEFAULT_ROWS
+    gib = 2**30
+    assert fused.gpu_tile_entries(80 * gib, 4) == fused.TILE_ENTRIES_GPU == 2**26
+    assert fused.gpu_tile_entries(2 * gib, 4) == 2 * gib // 64  # 2^25: capped by free memory
+    assert fused.gpu_tile_entries(2 * gib, 8) == 2**24
+    assert fused.gpu_tile_entries(0, 4) == fused.TILE_ENTRIES

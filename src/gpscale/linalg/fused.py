@@ -23,7 +23,8 @@ The inner products and the products with ``V`` are batched GEMMs (``bmm``/``badd
 elementwise part (norms → clamp → sqrt → exp → polynomial, and ``H`` with its row and column sums)
 is one function per profile, compiled with ``torch.compile(dynamic=True)`` when ``compiled=True``
 so that ragged chunks do not trigger recompilation. A tile holds ``rows × cols`` entries with
-``cols = TILE_ENTRIES // (B · rows)`` (cache-sized), never more than a ``rows × n2`` block.
+``cols = tile_entries // (B · rows)`` (cache-sized on the CPU, far larger on a GPU), never more
+than a ``rows × n2`` block.
 Cost: :math:`2 n_1 n_2 (k + d)` flops forward plus O(n1 n2) elementwise; twice that backward.
 """
 
@@ -40,14 +41,49 @@ from gpscale.linalg import compile_ahead
 from gpscale.linalg.chunked import ChunkRule
 
 __all__ = ["DEFAULT_ROWS", "DISTANCE_TOLERANCE", "EXACT_DIFF_DIMS", "PROFILES", "TILE_ENTRIES",
-           "compiled_profile", "exact_dims", "inner_products", "sq_norms", "stationary_rule",
-           "wait_for_compilation", "COMPILE_IN_BACKGROUND"]
+           "TILE_ENTRIES_GPU", "compiled_profile", "default_rows", "exact_dims",
+           "gpu_tile_entries", "inner_products", "span_rows", "sq_norms", "stationary_rule",
+           "tile_entries", "wait_for_compilation", "COMPILE_IN_BACKGROUND"]
 
 TILE_ENTRIES = 2**20
 """Kernel entries per tile (4 MiB in float32), sized for the caches; tuned on a 2-core EPYC."""
 
+TILE_ENTRIES_GPU = 2**26
+"""Kernel entries per tile on a GPU (256 MiB in float32). Every tile costs a few kernel launches
+and a Python step whatever its size, so cache-sized tiles leave a GPU waiting on the host: an H100
+spent 1.4 s per Protein epoch on 1024² tiles. Capped by :func:`tile_entries` at a sixteenth of
+the device's free memory."""
+
 DEFAULT_ROWS = 2048
-"""Default rows of ``x1`` per chunk for the fused paths (a tile never exceeds TILE_ENTRIES)."""
+"""Default rows of ``x1`` per chunk for the fused paths on the CPU (a tile never exceeds
+:func:`tile_entries`); on a GPU :func:`default_rows` takes larger chunks."""
+
+
+def tile_entries(like: Tensor) -> int:
+    """Kernel entries per tile for tensors like ``like``: :data:`TILE_ENTRIES` on the CPU,
+    :data:`TILE_ENTRIES_GPU` on a GPU, at most 1/16 of its free memory (a tile has a few
+    temporaries of its size)."""
+    if like.device.type != "cuda":
+        return TILE_ENTRIES
+    free, _ = torch.cuda.mem_get_info(like.device)
+    return gpu_tile_entries(free, like.element_size())
+
+
+def gpu_tile_entries(free_bytes: int, element_size: int) -> int:
+    """:data:`TILE_ENTRIES_GPU` entries, at most ``free_bytes / 16`` bytes of them, and at least
+    :data:`TILE_ENTRIES`."""
+    return max(TILE_ENTRIES, min(TILE_ENTRIES_GPU, free_bytes // (16 * element_size)))
+
+
+def span_rows(like: Tensor) -> int:
+    """Rows per span of the square block-sparse tiles: ``√tile_entries(like)``."""
+    return math.isqrt(tile_entries(like))
+
+
+def default_rows(like: Tensor) -> int:
+    """Rows of ``x1`` per chunk of the fused products: :data:`DEFAULT_ROWS` on the CPU, a span's
+    rows on a GPU."""
+    return DEFAULT_ROWS if like.device.type != "cuda" else span_rows(like)
 
 DISTANCE_TOLERANCE = 1e-3
 """Largest acceptable rounding error of D² from the norm expansion (see :func:`exact_dims`)."""
@@ -271,9 +307,9 @@ def wait_for_compilation(timeout: float | None = None) -> None:
         compiled.wait(timeout)
 
 
-def _tiles(num_cols: int, rows: int) -> list[slice]:
-    """Column slices so that ``rows × width ≤ TILE_ENTRIES`` (width ≥ 1)."""
-    cols = max(1, TILE_ENTRIES // max(1, rows))
+def _tiles(num_cols: int, rows: int, entries: int = TILE_ENTRIES) -> list[slice]:
+    """Column slices so that ``rows × width ≤ entries`` (width ≥ 1)."""
+    cols = max(1, entries // max(1, rows))
     return [slice(j, min(j + cols, num_cols)) for j in range(0, num_cols, cols)]
 
 
@@ -288,7 +324,7 @@ def _kernel_tiles(value: Callable, z1: Tensor, z2: Tensor,
     """Yield ``(cols, Φ[:, :, cols])`` tile by tile, each written into the same buffer."""
     B, c, _ = z1.shape
     sq1 = sq_norms(z1, exact).unsqueeze(-1)  # (B, c, 1)
-    tiles = _tiles(z2.shape[1], B * c)
+    tiles = _tiles(z2.shape[1], B * c, tile_entries(z1))
     tile = _tile_buffer(z1, B, c, tiles)
     for cols in tiles:
         z2t, K = z2[:, cols], tile(cols)  # (B, w, d), (B, c, w)
@@ -333,7 +369,7 @@ def stationary_rule(profile: str, *, compiled: bool, exact: int = 0) -> ChunkRul
         grad_z1, grad_z2 = torch.zeros_like(z1), torch.zeros_like(z2)
         grad_rhs = torch.zeros_like(rhs) if needs[2] else None
         sq1 = sq_norms(z1, exact).unsqueeze(-1)  # (B, c, 1)
-        tiles = _tiles(z2.shape[1], B * c)
+        tiles = _tiles(z2.shape[1], B * c, tile_entries(z1))
         tile_K, tile_H = _tile_buffer(z1, B, c, tiles), _tile_buffer(z1, B, c, tiles)
         for cols in tiles:
             z2t, rhs_t = z2[:, cols], rhs[:, cols]  # (B, w, d), (B, w, k)

@@ -155,3 +155,31 @@ def test_kernel_block_sparse_matmul_rejects_bad_shapes(generator):
     batched = make_kernel("rbf", 2, batch_shape=torch.Size([2])).double()
     with pytest.raises(ValueError, match="batch_shape"):
         kernel_block_sparse_matmul(batched, torch.randn(23, 2), S)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", ["training", "test"])
+def test_cuda_default_spans_match_cpu_tiles(rows, generator):
+    """On a GPU the default spans are far larger than the CPU's 1024 rows (one tile here, where
+    the CPU takes three spans); values and gradients still equal the CPU's fused tiles."""
+    from gpscale.linalg import fused
+
+    n, i = 2500, 50
+    x = torch.randn(n, 2, generator=generator)
+    S = _actions(generator, n=n, i=i)
+    x_rows = None if rows == "training" else torch.randn(700, 2, generator=generator)
+    W = torch.randn(n if x_rows is None else 700, i, generator=generator)
+    assert fused.span_rows(x.cuda()) > max(n, fused.span_rows(x))
+    results = []
+    for device in ("cpu", "cuda"):
+        k = _kernel().to(device)
+        xd = x.to(device).requires_grad_()
+        values = S.values.to(device).requires_grad_()
+        Sd = BlockSparseActions(values, S.index.to(device), num_blocks=i)
+        out = kernel_block_sparse_matmul(k, xd, Sd, backend="fused",
+                                         x_rows=None if x_rows is None else x_rows.to(device))
+        grads = torch.autograd.grad((out * W.to(device)).sum(), [xd, values, *k.parameters()])
+        results.append([t.cpu() for t in (out, *grads)])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-9)
