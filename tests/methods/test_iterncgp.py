@@ -87,6 +87,13 @@ def test_full_rank_actions_reproduce_laplace_posterior(name, generator):
     got_mean, got_var = model.latent_marginals(state, x_test)
     torch.testing.assert_close(flat(got_mean), mean, rtol=1e-7, atol=1e-8)
     torch.testing.assert_close(flat(got_var), var, rtol=1e-7, atol=1e-8)
+    # the joint L × L covariance at each test point: blocks of K⋄⋄ − K⋄ᵀ K̂⁻¹ K⋄
+    L, t = lik.num_latents, x_test.shape[0]
+    full = K_xs.mT @ torch.linalg.solve(K + dense_W_inv(lik, f_map), K_xs)  # (L t, L t)
+    expected = torch.diag_embed(k_ss.reshape(L, t).mT) - torch.einsum(
+        "atbt->tab", full.reshape(L, t, L, t))
+    torch.testing.assert_close(model.latent_covariance(state, x_test), expected,
+                               rtol=1e-7, atol=1e-8)
 
 
 def test_one_kernel_per_class_full_rank_step_is_regression_step(generator):

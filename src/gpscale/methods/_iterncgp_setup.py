@@ -7,7 +7,10 @@ Predictive per likelihood (notes/000 §8), from the latent marginals mean and va
 Gaussian     latent mean/variance and the noise σ²
 Bernoulli    probit approximation σ(m / √(1 + π v / 8)) (``probs="probit"``) or Monte Carlo
 Softmax      probit approximation softmax(m / √(1 + π v / 8)) per class (§C.3), or Monte Carlo
-             over independent class marginals (``probs="mc"``)
+             over independent class marginals (``probs="mc"``); given the C × C latent
+             covariance Σ at each point (IterNCGP), the probit approximation takes the centred
+             latents P f, P = I − 11ᵀ/C, and Monte Carlo draws from N(m, Σ) (see
+             :func:`softmax_probs_joint`)
 Poisson      expected rate E[e^f] = exp(m + v / 2), the mean of the log-normal (closed form)
 ===========  =================================================================================
 """
@@ -39,8 +42,8 @@ from gpscale.validation import check_x, check_xy
 __all__ = [
     "LAPLACE_PRIOR_OPTIONS", "PREFIT_OPTIONS", "LatentKernel", "PredictiveOptions",
     "fixed_kernel", "hyperparameter_options",
-    "latent_predictive", "likelihood_for_task",
-    "probit_softmax_probs",
+    "latent_moments", "latent_predictive", "likelihood_for_task",
+    "probit_softmax_probs", "softmax_probs_joint",
 ]
 
 PROBS = ("probit", "mc")
@@ -55,7 +58,8 @@ LAPLACE_PRIOR_OPTIONS = (
     Option("shared_kernel", "bool", True, "one kernel for all classes (else one per class)"),
     Option("prior_mean", "float", 0.0, "constant prior mean of the latent GPs"),
     Option("probs", "str", "probit", "class probabilities by the probit approximation or "
-           "Monte Carlo", choices=PROBS),
+           "Monte Carlo (IterNCGP's softmax: on the centred latents / over their joint "
+           "covariance)", choices=PROBS),
     Option("num_samples", "int", 1000, "Monte Carlo samples per test point (probs=mc)",
            minimum=1),
     Option("seed", "int", 0, "seeds the chol order, the pre-fit and Monte Carlo draws"),
@@ -132,6 +136,39 @@ def probit_softmax_probs(mean: Tensor, variance: Tensor) -> Tensor:
     return torch.softmax(mean / torch.sqrt(1 + math.pi * variance / 8), -1)
 
 
+def softmax_probs_joint(mean: Tensor, covariance: Tensor, options: PredictiveOptions) -> Tensor:
+    """Class probabilities E[softmax(f)], f ~ N(mean, covariance), at each of t points.
+
+    softmax(f) = softmax(P f) for P = I − 11ᵀ/C: the variance of the common shift 1ᵀf/C cannot
+    move a probability. The marginals of a Laplace posterior hold much of it (W 1 = 0 for the
+    softmax, so the data never inform that direction: 38 % of the latent variance on MNIST at
+    the default kernel), and per-class probit factors applied to the marginals spread it as
+    noise over every class difference, which makes the probabilities underconfident.
+    ``"probit"`` therefore applies the per-class probit approximation to the centred latents
+    P f ~ N(P m, P Σ P); ``"mc"`` samples f from the full covariance (eigenvalues clamped at 0).
+
+    Args:
+        mean: (t, C) latent means.
+        covariance: (t, C, C) latent covariances.
+        options: ``probs``, ``num_samples`` and ``seed``.
+
+    Returns:
+        (t, C) probabilities.
+    """
+    if options.probs == "probit":
+        centred = mean - mean.mean(-1, keepdim=True)
+        # (P Σ P)_cc = Σ_cc − 2 mean_d Σ_cd + mean_de Σ_de (Σ symmetric)
+        var = (covariance.diagonal(dim1=-2, dim2=-1) - 2 * covariance.mean(-1)
+               + covariance.mean((-2, -1))[..., None])
+        return probit_softmax_probs(centred, var.clamp_min(0))
+    evals, evecs = torch.linalg.eigh(covariance)
+    root = evecs * evals.clamp_min(0).sqrt()[..., None, :]  # root rootᵀ = Σ (t, C, C)
+    generator = torch.Generator().manual_seed(options.seed)  # CPU draws: equal on any device
+    eps = torch.randn((options.num_samples, *mean.shape), generator=generator,
+                      dtype=mean.dtype).to(mean.device)
+    return torch.softmax(mean + torch.einsum("tcd,std->stc", root, eps), -1).mean(0)
+
+
 def _mc_probs(mean: Tensor, variance: Tensor, link: Callable[[Tensor], Tensor],
               options: PredictiveOptions) -> Tensor:
     """E[link(f)] for independent f ~ N(mean, variance) (t, C) by Monte Carlo."""
@@ -160,9 +197,12 @@ def _bernoulli(lik: Bernoulli, mean: Tensor, var: Tensor,
     return Predictive(mean[0], var[0], probs=probs)
 
 
-def _softmax(lik: Softmax, mean: Tensor, var: Tensor, options: PredictiveOptions) -> Predictive:
+def _softmax(lik: Softmax, mean: Tensor, var: Tensor, options: PredictiveOptions,
+             covariance: Tensor | None = None) -> Predictive:
     mean, var = mean.mT, var.mT  # (t, C)
-    if options.probs == "probit":
+    if covariance is not None:
+        probs = softmax_probs_joint(mean, covariance, options)
+    elif options.probs == "probit":
         probs = probit_softmax_probs(mean, var)
     else:
         probs = _mc_probs(mean, var, lambda f: torch.softmax(f, -1), options)
@@ -178,15 +218,37 @@ _PREDICTIVES: dict[type, Callable[..., Predictive]] = {
 }
 
 
+def latent_moments(latent_kernel: LatentKernel, x: Tensor, v: Tensor, Q: Tensor, x_test: Tensor,
+                   prior_mean: float, *, joint: bool
+                   ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Latent means and variances (L, t) at ``x_test`` (Eqs. 8–9) from the representer weights
+    v (L, n) and the precision root Q (L, n, B'), and with ``joint`` the L × L covariances
+    (t, L, L): Q is joint over the latents, so Σ_lm(x⋄) = δ_lm k_l(x⋄, x⋄) − Σ_b
+    [K_l(x⋄, X) Q_l]_b [K_m(x⋄, X) Q_m]_b."""
+    KR = latent_kernel.matmul(x_test, x, torch.cat([v[..., None], Q], -1))  # (L, t, 1 + B')
+    mean, A = prior_mean + KR[..., 0], KR[..., 1:]
+    prior = latent_kernel.diag(x_test)  # (L, t)
+    # Eq. 9: k(x, x) − ‖K(x, X) Q‖²; ≥ 0 in exact arithmetic, clamped against round-off.
+    var = (prior - A.square().sum(-1)).clamp_min(0)
+    if not joint:
+        return mean, var, None
+    return mean, var, torch.diag_embed(prior.mT) - torch.einsum("ltb,mtb->tlm", A, A)
+
+
 def latent_predictive(lik: Likelihood, mean: Tensor, variance: Tensor,
-                      options: PredictiveOptions) -> Predictive:
+                      options: PredictiveOptions, covariance: Tensor | None = None
+                      ) -> Predictive:
     """The Predictive for latent marginals ``mean``, ``variance`` (L, t) under ``lik``.
 
     ``mean``/``variance`` come back as (t,) for one latent function and (t, C) for softmax.
+    ``covariance`` (t, L, L), the joint latent covariance at each point, is used by the softmax
+    probabilities (:func:`softmax_probs_joint`); without it the latents count as independent.
     """
     if type(lik) not in _PREDICTIVES:
         raise ValueError(f"no predictive for likelihood {type(lik).__name__}; supported: "
                          f"{', '.join(t.__name__ for t in _PREDICTIVES)}")
+    if covariance is not None and isinstance(lik, Softmax):
+        return _softmax(lik, mean, variance, options, covariance)
     return _PREDICTIVES[type(lik)](lik, mean, variance, options)
 
 

@@ -92,6 +92,7 @@ from gpscale.methods._iterncgp_setup import (
     TASKS,
     LatentKernel,
     PredictiveOptions,
+    latent_moments,
     latent_predictive,
     prior_setup,
     resolve_options,
@@ -339,12 +340,18 @@ class IterNCGP(Method):
     # -- prediction: Eqs. 8–9 ----------------------------------------------------------------
     def latent_marginals(self, state: IterNCGPState, x_test: Tensor) -> tuple[Tensor, Tensor]:
         """m_{i,j}(x⋄) and diag K_{i,j}(x⋄, x⋄) (Eqs. 8–9), each (L, t)."""
-        R = torch.cat([state.v[..., None], state.Q], -1)  # (L, n, 1 + B')
-        KR = self.latent_kernel.matmul(x_test, state.x, R)  # (L, t, 1 + B')
-        mean = self.prior_mean + KR[..., 0]
-        # Eq. 9: k(x, x) − ‖K(x, X) Q‖²; ≥ 0 in exact arithmetic, clamped against round-off.
-        var = (self.latent_kernel.diag(x_test) - KR[..., 1:].square().sum(-1)).clamp_min(0)
+        mean, var, _ = self._latent_moments(state, x_test, joint=False)
         return mean, var
+
+    def latent_covariance(self, state: IterNCGPState, x_test: Tensor) -> Tensor:
+        """The L × L latent covariance at each test point (t, L, L): Eq. 9 in full (Q is joint
+        over the latents, see :func:`~gpscale.methods._iterncgp_setup.latent_moments`)."""
+        return self._latent_moments(state, x_test, joint=True)[2]
+
+    def _latent_moments(self, state: IterNCGPState, x_test: Tensor, *, joint: bool
+                        ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return latent_moments(self.latent_kernel, state.x, state.v, state.Q, x_test,
+                              self.prior_mean, joint=joint)
 
     def predict(self, state: IterNCGPState, x_test: Tensor, chunk_size: int = 4096
                 ) -> Predictive:
@@ -357,9 +364,11 @@ class IterNCGP(Method):
         """
         check_x(x_test, num_dims=state.x.shape[1], name="x_test")
 
+        joint = isinstance(self.likelihood, Softmax)  # correlated latents (latent_covariance)
+
         def chunk(xc: Tensor) -> Predictive:
-            mean, var = self.latent_marginals(state, xc)
-            return latent_predictive(self.likelihood, mean, var, self.predictive)
+            mean, var, cov = self._latent_moments(state, xc, joint=joint)
+            return latent_predictive(self.likelihood, mean, var, self.predictive, cov)
 
         return predict_in_chunks(chunk, x_test, chunk_size)
 
