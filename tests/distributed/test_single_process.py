@@ -111,3 +111,41 @@ def test_fit_with_a_one_rank_hook_equals_plain_fit(no_torchrun):
     assert h2.column("loss") == pytest.approx(h1.column("loss"), rel=1e-10)
     for key, value in _jobs.params(hooked).items():
         torch.testing.assert_close(value, _jobs.params(plain)[key], rtol=1e-8, atol=1e-12)
+
+
+def test_sharded_cagp_falls_back_to_float64_like_cagp(no_torchrun, monkeypatch):
+    """A float32 SᵀK̂S that needs jitter beyond a tenth of the noise term (KEGGu's trap, see
+    test_cagp_training) is not factored with that jitter on the data-parallel path either: the
+    products are recomputed in float64 (every rank alike: G_K is reduced first) and the loss
+    equals the float64 model's."""
+    from gpscale.methods import cagp_sharded
+
+    x, y, _ = _jobs.data(120)
+    prior = {"lengthscale": 3.0, "outputscale": 1e4, "noise": 1e-4}
+    model = build("cagp-opt", 2, init=(x.float(), y.float()), num_actions=12, **prior)
+    reference = build("cagp-opt", 2, init=(x, y), num_actions=12, **prior)
+    reference.load_state_dict(model.state_dict())
+    real = cagp_sharded._kernel_rows_times_actions
+    with torch.no_grad():
+        state = dcagp.condition(model, x.float(), x.float(), y.float(), 0)
+        root = state.gram_actions.diagonal().rsqrt()  # SᵀS is diagonal: scale it out
+        gram = state.gram_K + 1e-4 * state.gram_actions
+        shift = float(torch.linalg.eigvalsh(root[:, None] * gram * root).min())
+
+    def lossy(model, x_all, S, start, stop):  # SᵀK̂S's least eigenvalue ≈ −1e-3 (σ² = 1e-4)
+        Z = real(model, x_all, S, start, stop)
+        if x_all.dtype == torch.float32:
+            return Z - (shift + 1e-3) * S.to_dense()[start:stop]
+        return Z
+
+    monkeypatch.setattr(cagp_sharded, "_kernel_rows_times_actions", lossy)
+    with pytest.warns(RuntimeWarning, match="within a tenth of the noise"):
+        state = dcagp.condition(model, x.float(), x.float(), y.float(), 0)
+    assert state.K_S.dtype == torch.float64
+    with torch.no_grad():
+        expected = reference.loss(reference.condition(x, y))
+        torch.testing.assert_close(dcagp.loss(model, state).double(), expected,
+                                   rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(cagp_sharded, "_kernel_rows_times_actions", real)
+    state = dcagp.condition(model, x.float(), x.float(), y.float(), 0)  # no fallback needed
+    assert state.K_S.dtype == torch.float32

@@ -104,7 +104,8 @@ from gpscale.validation import check_num_points, check_x, check_xy
 
 __all__ = [
     "OBJECTIVES", "CaGP", "CaGPState", "IterativePosterior", "build_cagp_cg", "build_cagp_opt",
-    "action_gram", "iterative_posterior", "kernel_times", "trace_solve",
+    "action_gram", "gram_cholesky", "iterative_posterior", "kernel_times", "trace_solve",
+    "warn_float64_fallback",
 ]
 
 OBJECTIVES = ("elbo", "projected_nll")
@@ -112,6 +113,23 @@ OBJECTIVES = ("elbo", "projected_nll")
 JITTER_NOISE_FRACTION = 0.1
 """The most jitter SᵀK̂S may take, as a fraction of its noise term σ² min diag(SᵀS), before a
 below-float64 Gram counts as unresolved (:meth:`CaGP.resolves`)."""
+
+
+def gram_cholesky(G_K: Tensor, noise: Tensor, D: Tensor, dtype: torch.dtype) -> Tensor:
+    """chol(SᵀK̂S) = chol(G_K + σ² SᵀS) in float64. Where the kernel products were computed
+    below float64 the jitter is capped at :data:`JITTER_NOISE_FRACTION` of the noise term, so
+    that a Gram whose rounding the noise does not resolve raises
+    :class:`~gpscale.errors.NumericalError` (the caller then recomputes in float64)."""
+    cap = None if dtype == torch.float64 else float(
+        JITTER_NOISE_FRACTION * noise.detach() * D.diagonal().min().detach())
+    return safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S", max_jitter=cap)
+
+
+def warn_float64_fallback(dtype: torch.dtype) -> None:
+    """Say that the kernel products are recomputed in float64 (once: a constant message)."""
+    warnings.warn(f"CaGP: SᵀK̂S from {dtype} kernel products is not positive definite to within "
+                  "a tenth of the noise σ² (σ² small against the outputscale); the kernel "
+                  "products are recomputed in float64 (2-4x slower)", RuntimeWarning, stacklevel=3)
 
 REFRESH_EVERY = 4
 """CaGP-CG's default ``refresh_every`` (see :mod:`gpscale.methods._cagp_cg`)."""
@@ -214,11 +232,7 @@ class CaGP(Method):
         except NumericalError:
             if x.dtype == torch.float64:
                 raise
-            # The message has no changing numbers, so Python's default filter shows it once.
-            warnings.warn(f"CaGP: SᵀK̂S from {x.dtype} kernel products is not positive definite "
-                          "to within a tenth of the noise σ² (σ² small against the outputscale); "
-                          "the kernel products are recomputed in float64 (2-4x slower)",
-                          RuntimeWarning, stacklevel=2)
+            warn_float64_fallback(x.dtype)
             x, S = upcast(x), upcast_actions(S)
             Z, G_K, D, logdet_D, L = self._gram(x, S, noise)
         y_proj = upcast(S.mT @ r.to(x.dtype))  # line 2, ỹ = Sᵀ r (float64 after a fallback)
@@ -252,9 +266,7 @@ class CaGP(Method):
         # Below float64 the product's rounding may not be resolved against the noise (KEGGu's
         # pre-fitted start: float32 errors of ±0.08 in SᵀKS, σ² = 0.0145): jitter beyond a tenth
         # of the noise term would hide that, so it fails and condition() goes to float64.
-        cap = None if x.dtype == torch.float64 else float(
-            JITTER_NOISE_FRACTION * noise.detach() * D.diagonal().min().detach())
-        L = safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S", max_jitter=cap)
+        L = gram_cholesky(G_K, noise, D, x.dtype)
         return Z, G_K, D, logdet_D, L
 
     def resolves(self, x: Tensor, y: Tensor) -> bool:

@@ -47,16 +47,25 @@ from gpscale.distributed.env import current
 from gpscale.distributed.reduce import all_reduce_sums, gather_predictive
 from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
+from gpscale.errors import NumericalError
 from gpscale.kernels import (
     kernel_block_sparse_matmul,
     kernel_block_sparse_rect_matmul,
     kernel_diag,
 )
 from gpscale.linalg.operators.block_sparse import BlockSparseActions
-from gpscale.linalg.ops import safe_cholesky, upcast
+from gpscale.linalg.ops import upcast
 from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
+from gpscale.methods._cagp_actions import upcast_actions
 from gpscale.methods.base import as_dtype
-from gpscale.methods.cagp import CaGP, CaGPState, action_gram, trace_solve
+from gpscale.methods.cagp import (
+    CaGP,
+    CaGPState,
+    action_gram,
+    gram_cholesky,
+    trace_solve,
+    warn_float64_fallback,
+)
 from gpscale.validation import check_x, check_xy
 
 __all__ = [
@@ -170,8 +179,19 @@ def condition(model: CaGP, x_all: Tensor, x: Tensor, y: Tensor, start: int) -> S
     if S.layout.num_points != n:
         raise ValueError(f"the actions were learned for {S.layout.num_points} training points; "
                          f"x_all has {n}")
+    try:
+        return _condition(model, x_all, x, y, start, S)
+    except NumericalError:  # G_K is all-reduced, so every rank takes this branch together
+        if x.dtype == torch.float64:
+            raise
+        warn_float64_fallback(x.dtype)
+        return _condition(model, upcast(x_all), upcast(x), y, start, upcast_actions(S))
+
+
+def _condition(model: CaGP, x_all: Tensor, x: Tensor, y: Tensor, start: int,
+               S: BlockSparseActions) -> ShardedCaGPState:
     r = y.to(x.dtype) - model.mean(x)  # r_r
-    noise, i = model.noise, S.layout.num_blocks
+    noise, i, stop = model.noise, S.layout.num_blocks, start + x.shape[0]
     Z = _kernel_rows_times_actions(model, x_all, S, start, stop)  # K(X_r, X) S (n_r, i)
     blocks, values = _local_rows(S, start, stop)
     Z64 = upcast(Z)
@@ -180,7 +200,7 @@ def condition(model: CaGP, x_all: Tensor, x: Tensor, y: Tensor, start: int) -> S
         Z64.mT @ Z64, upcast(kernel_diag(model.kernel, x)).sum())
     G_K = 0.5 * (G_K + G_K.mT)
     D, logdet_D = action_gram(S)
-    L = safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S")
+    L = gram_cholesky(G_K, noise, D, x.dtype)  # float32: jitter capped, else NumericalError
     v = torch.cholesky_solve(y_proj[:, None], L)[:, 0]
     error = r - Z @ as_dtype(v, Z)
     (sq,) = all_reduce_sums(upcast(error.square().sum()))
