@@ -88,9 +88,13 @@ class RandomPolicy:
 
 
 class KernelCounter:
-    """Counts kernel_matmul calls made by IterNCGP (monkeypatched into its module)."""
+    """Counts kernel_matmul calls made by IterNCGP (monkeypatched into its module), with the
+    held kernel matrix switched off so that every product with K is a kernel_matmul."""
 
     def __init__(self, monkeypatch):
+        import gpscale.methods._cagp_cg as cagp_cg
+
+        monkeypatch.setattr(cagp_cg, "dense_operator_limit", lambda device=None: 0)
         self.calls = 0
         original = iterncgp_setup.kernel_matmul
 

@@ -521,3 +521,38 @@ def test_sod_laplace_registry_and_subset(generator):
     state = model.condition(x, y)
     torch.testing.assert_close(state.x, x[model.subset(x.shape[0])], **EXACT)
     assert state.x.shape[0] == 6 and model.predict(state, x_test).probs.shape == (5, 2)
+
+
+@pytest.mark.parametrize("name", ["bernoulli", "softmax", "poisson"])
+def test_conditioning_with_the_held_kernel_matrix_equals_matrix_free(name, generator,
+                                                                     monkeypatch):
+    """Where K(X, X) fits in memory, one conditioning computes it once and multiplies by it
+    (no kernel evaluations per solver iteration); the iterate, the weights and the precision
+    root equal the matrix-free conditioning's, and a kernel with one GP per class (or no room)
+    stays matrix-free."""
+    import gpscale.methods._cagp_cg as cagp_cg
+    from gpscale.methods._iterncgp_setup import LatentKernel
+
+    lik, x, y, _ = make_problem(name, generator)
+    calls = {"n": 0}
+    matmul = LatentKernel.matmul
+
+    def counting(self, x1, x2, V):
+        calls["n"] += 1
+        return matmul(self, x1, x2, V)
+
+    monkeypatch.setattr(LatentKernel, "matmul", counting)
+    held = small_model(lik, x).condition(x, y)
+    held_calls, calls["n"] = calls["n"], 0
+    monkeypatch.setattr(cagp_cg, "dense_operator_limit", lambda device=None: 0)
+    free = small_model(lik, x).condition(x, y)
+    assert held_calls == 0 < calls["n"]  # one product per solver iteration, matrix-free
+    for a, b in ((held.f, free.f), (held.v, free.v), (held.Q, free.Q)):  # rounding apart
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+    monkeypatch.undo()
+    per_class = LatentKernel(problem_kernel(x, lik, shared=False), lik.num_latents)
+    if lik.num_latents > 1:
+        monkeypatch.setattr(LatentKernel, "matmul", counting)
+        calls["n"] = 0
+        per_class.training_matmul(x)(torch.ones(lik.num_latents, x.shape[0], 1))
+        assert calls["n"] == 1

@@ -29,6 +29,7 @@ from torch import Tensor
 from gpscale.distributions import Predictive
 from gpscale.kernels import (
     KERNELS,
+    dense_kernel_matrix,
     kernel_diag,
     kernel_matmul,
     kernel_matrix,
@@ -302,6 +303,26 @@ class LatentKernel:
             return out.reshape(x1.shape[0], L, k).permute(1, 0, 2)
         return kernel_matmul(self.kernel, x1, x2, V, chunk_size=self.chunk_size,
                              backend=self.backend)
+
+    def training_matmul(self, x: Tensor) -> Callable[[Tensor], Tensor]:
+        """V (L, n, k) ↦ K(x, x) V for the many products of one conditioning: the n × n matrix
+        computed once and held, where a shared kernel needs no gradient and the matrix fits
+        :func:`~gpscale.methods._cagp_cg.dense_operator_limit`; otherwise matrix-free
+        (:meth:`matmul`). Each product then costs n² k L multiply-adds instead of n² kernel
+        evaluations in d dimensions (MNIST, d = 784: 90 s of products per conditioning)."""
+        from gpscale.methods._cagp_cg import dense_operator_limit
+
+        fits = x.shape[0] ** 2 * x.element_size() <= dense_operator_limit(x.device)
+        if not (self.shared and fits) or any(p.requires_grad for p in self.kernel.parameters()):
+            return lambda V: self.matmul(x, x, V)
+        K = dense_kernel_matrix(self.kernel, x)  # (n, n), no gradient
+
+        def product(V: Tensor) -> Tensor:  # one GEMM over all latents: K is read once
+            L, n, k = V.shape
+            out = K @ V.to(K.dtype).permute(1, 0, 2).reshape(n, L * k)
+            return out.reshape(n, L, k).permute(1, 0, 2)
+
+        return product
 
     def diag(self, x: Tensor) -> Tensor:
         """Prior variances k_l(x, x) as (L, t)."""

@@ -246,9 +246,10 @@ class IterNCGP(Method):
         trace: list[NewtonStep] = []
         converged = False
         step = 1.0
+        K_matmul = self.latent_kernel.training_matmul(x)  # dense K held for the call if it fits
         for i in range(stop.max_newton_steps):  # line 5
             if step > 0.0:
-                problem = self.regression_problem(x, y, f)  # lines 6–7
+                problem = self.regression_problem(x, y, f, K_matmul)  # lines 6–7
                 belief = (virtual_solver_run(belief, problem, self.recycling)
                           if self.recycling.enabled else empty_belief(m))  # Alg. 2 lines 2–3
             else:  # rejected step: f and the problem are unchanged, solve on (j_max more)
@@ -299,14 +300,16 @@ class IterNCGP(Method):
                 return alpha
         return 0.0
 
-    def regression_problem(self, x: Tensor, y: Tensor, f: Tensor) -> RegressionProblem:
+    def regression_problem(self, x: Tensor, y: Tensor, f: Tensor,
+                           K_matmul: Callable[[Tensor], Tensor] | None = None
+                           ) -> RegressionProblem:
         """The GP regression problem of the Newton step at f (Alg. 1, lines 6–7; Prop. A.1).
 
-        b = ŷ(f) − m with ŷ(f) = f + W(f)⁻¹ ∇log p(y | f); K̂ = K + W(f)⁻¹.
-        """
+        b = ŷ(f) − m, ŷ(f) = f + W(f)⁻¹ ∇log p(y | f); K̂ = K + W(f)⁻¹; K_matmul: V ↦ K(x, x) V."""
         lik = self.likelihood
         y_hat = f + lik.W_inv_matmul(f, lik.gradient(f, y))  # line 7, (L, n)
-        return RegressionProblem(y_hat - self.prior_mean, partial(self.latent_kernel.matmul, x, x),
+        K_matmul = K_matmul or partial(self.latent_kernel.matmul, x, x)
+        return RegressionProblem(y_hat - self.prior_mean, K_matmul,
                                  partial(lik.W_inv_matmul, f), partial(lik.W_matmul, f))
 
     # -- loss: negative log joint at the approximate mode ------------------------------------
