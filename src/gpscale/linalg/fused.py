@@ -307,7 +307,7 @@ def wait_for_compilation(timeout: float | None = None) -> None:
         compiled.wait(timeout)
 
 
-def _tiles(num_cols: int, rows: int, entries: int = TILE_ENTRIES) -> list[slice]:
+def _tiles(num_cols: int, rows: int, entries: int) -> list[slice]:
     """Column slices so that ``rows × width ≤ entries`` (width ≥ 1)."""
     cols = max(1, entries // max(1, rows))
     return [slice(j, min(j + cols, num_cols)) for j in range(0, num_cols, cols)]

@@ -114,6 +114,9 @@ JITTER_NOISE_FRACTION = 0.1
 """The most jitter SᵀK̂S may take, as a fraction of its noise term σ² min diag(SᵀS), before a
 below-float64 Gram counts as unresolved (:meth:`CaGP.resolves`)."""
 
+REFRESH_EVERY = 4
+"""CaGP-CG's default ``refresh_every`` (see :mod:`gpscale.methods._cagp_cg`)."""
+
 
 def gram_cholesky(G_K: Tensor, noise: Tensor, D: Tensor, dtype: torch.dtype) -> Tensor:
     """chol(SᵀK̂S) = chol(G_K + σ² SᵀS) in float64. Where the kernel products were computed
@@ -130,9 +133,6 @@ def warn_float64_fallback(dtype: torch.dtype) -> None:
     warnings.warn(f"CaGP: SᵀK̂S from {dtype} kernel products is not positive definite to within "
                   "a tenth of the noise σ² (σ² small against the outputscale); the kernel "
                   "products are recomputed in float64 (2-4x slower)", RuntimeWarning, stacklevel=3)
-
-REFRESH_EVERY = 4
-"""CaGP-CG's default ``refresh_every`` (see :mod:`gpscale.methods._cagp_cg`)."""
 
 
 @dataclass(frozen=True)
