@@ -149,14 +149,21 @@ def test_datasets_download_checksum_failure(tmp_path, data_root, capsys):
 @pytest.mark.parametrize("dataset, metric, low, high", [("poisson1d", "test_nll", 0.0, 1.5),
                                                         ("binary2d", "test_accuracy", 0.75, 1.0)])
 def test_fit_iterncgp_on_counts_and_classes_without_flags(tmp_path, dataset, metric, low, high):
-    """`gpscale fit --method iterncgp` conditions once (no training loop) on counts or classes."""
-    out = tmp_path / dataset
-    assert main(["fit", "--dataset", dataset, "--method", "iterncgp", "--out", str(out),
-                 "--no-progress"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["stopped"] == "conditioned" and metrics["epochs"] == 1
-    assert low < metrics[metric] < high
-    assert (out / "model.pt").exists()
+    """`gpscale fit --method iterncgp` learns its kernel in rounds on counts or classes (the
+    default since issue #21); with ``-o learn_kernel=false`` it conditions once."""
+    for learn in (True, False):
+        out = tmp_path / f"{dataset}-{learn}"
+        extra = [] if learn else ["-o", "learn_kernel=false"]
+        assert main(["fit", "--dataset", dataset, "--method", "iterncgp", "--out", str(out),
+                     "--no-progress", *extra]) == 0
+        metrics = json.loads((out / "metrics.json").read_text())
+        if learn:
+            assert metrics["stopped"] in ("converged", "no-improvement", "epochs", "time")
+            assert metrics["epochs"] >= 1
+        else:
+            assert metrics["stopped"] == "conditioned" and metrics["epochs"] == 1
+        assert low < metrics[metric] < high, (learn, metrics)
+        assert (out / "model.pt").exists()
 
 
 @pytest.mark.parametrize("method", ["svgp", "softki"])

@@ -454,8 +454,10 @@ def test_factory_picks_likelihood_and_rebuilds(task, labels, expected, generator
 
 
 def _prefit_build(x, y, **options):
+    """The paper's fixed kernel from the SVGP pre-fit (a learning model starts elsewhere)."""
     return build_method("iterncgp", (x, y), task="classification", num_classes=None,
-                        options=options, config=FitConfig(), seed=0)[0]
+                        options={"learn_kernel": False, **options}, config=FitConfig(),
+                        seed=0)[0]
 
 
 def test_harness_prefits_hyperparameters_with_svgp(generator):

@@ -86,7 +86,8 @@ def _iterncgp_curve(data, options: dict[str, Any], budget: float | None,
     """Condition IterNCGP on ``data`` with test metrics after each Newton step."""
     x, y = data.x_train.to(dtype), data.y_train
     x_test = data.x_test.to(dtype)
-    options = {"policy": "cg", **options}  # the paper's residual policy unless a run says pcg
+    # the paper's residual policy unless a run says pcg; its Laplace posterior and fixed kernel
+    options = {"policy": "cg", "inference": "laplace", "learn_kernel": False, **options}
     model, setup = _build("iterncgp", data, (x, y), options, dtype)
     curve: list[dict[str, Any]] = []
     clock = {"start": time.perf_counter(), "eval": 0.0}

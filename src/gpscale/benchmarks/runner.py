@@ -151,13 +151,22 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
     pre-fit's learning rate when ``num_train`` points call for a pre-fit, or are not given)."""
     opts = get_spec(method).resolve(options or {})
     if "kernel_rounds" in opts:  # IterNCGP: no gradient training, kernel learning or none
+        variational = opts.get("inference", "laplace") == "variational"
+        posterior = "variational" if variational else "Laplace"
         if not opts["learn_kernel"]:
-            return (f"{method}: conditioning once with a fixed kernel (nothing to train; "
-                    "-o learn_kernel=true learns it on the Laplace evidence)")
+            return (f"{method}: conditioning once with a fixed kernel, {posterior} posterior "
+                    "(nothing to train; -o learn_kernel=true learns the kernel)")
+        objective = opts.get("kernel_objective", "elbo")
+        if objective == "auto":
+            objective = "variational" if variational else "elbo"
+        objective = {"variational": "the evidence lower bound of the variational posterior",
+                     "elbo": "the computation-aware Laplace evidence",
+                     "projected": "the projected pseudo-target likelihood"}[objective]
         limit = "" if config.max_time is None else f" or {config.max_time:g} s"
-        return (f"{method}: learning the kernel on the computation-aware Laplace evidence, at "
-                f"most {opts['kernel_rounds']} rounds{limit} of L-BFGS steps and Newton "
-                "restarts (-o learn_kernel=false keeps the pre-fitted kernel)")
+        return (f"{method}: learning the kernel on {objective}, at most "
+                f"{opts['kernel_rounds']} rounds{limit} of L-BFGS steps and Newton "
+                "restarts (-o learn_kernel=false keeps a fixed kernel: given or SVGP "
+                "pre-fitted)")
     budget = f"{config.epochs} epochs"
     if config.max_time is not None:
         budget += f" or {config.max_time:g} s"

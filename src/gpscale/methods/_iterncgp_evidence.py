@@ -29,6 +29,7 @@ O(B n L) for the W products and O(B² n L + B³) for the B × B algebra; memory 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,13 +40,14 @@ from gpscale.linalg.ops import safe_cholesky, upcast
 from gpscale.methods.options import Option
 
 __all__ = ["KERNEL_LEARNING_OPTIONS", "Evidence", "EvidenceProblem", "KernelLearning",
-           "evidence_problem", "laplace_evidence",
-           "W_diagonal"]
+           "W_diagonal", "evidence_problem", "laplace_evidence", "variational_evidence"]
 
 
-OBJECTIVES = ("elbo", "projected")
-"""Objectives of kernel learning: the computation-aware Laplace evidence (``elbo``) or the
-likelihood of the projected whitened pseudo-targets (``projected``)."""
+OBJECTIVES = ("auto", "variational", "elbo", "projected")
+"""Objectives of kernel learning: the evidence lower bound of the variational posterior
+(``variational``, :func:`variational_evidence`), the computation-aware Laplace evidence
+(``elbo``) or the likelihood of the projected whitened pseudo-targets (``projected``);
+``auto``: ``variational`` with the variational refinement, else ``elbo``."""
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,9 @@ class KernelLearning:
     enabled: bool = True
     rounds: int = 10
     steps: int = 10
-    rank: int | None = 64
+    rank: int | None = None
     rtol: float = 0.01
-    objective: str = "elbo"
+    objective: str = "auto"
 
     def __post_init__(self):
         for name in ("rounds", "steps"):
@@ -89,19 +91,23 @@ class KernelLearning:
 
 
 KERNEL_LEARNING_OPTIONS = (
-        Option("learn_kernel", "bool", False, "learn the kernel hyperparameters on the "
-               "computation-aware Laplace evidence, starting from the given or pre-fitted ones "
-               "(false: keep them fixed, the paper)"),
+        Option("learn_kernel", "bool", True, "learn the kernel hyperparameters (on the "
+               "kernel_objective), starting from the given ones, else (classification) from "
+               "the median distance or (counts) an SVGP pre-fit (false: keep the given or "
+               "pre-fitted ones fixed, the paper)"),
         Option("kernel_rounds", "int", 10, "most rounds of hyperparameter steps and Newton "
                "restarts", minimum=1),
         Option("kernel_steps", "int", 10, "L-BFGS iterations per round", minimum=1),
-        Option("evidence_rank", "int", 64, "actions the evidence uses (the largest Ritz "
-               "directions); none: all buffered actions", minimum=1),
+        Option("evidence_rank", "int", None, "actions the evidence uses (the largest Ritz "
+               "directions); none: all buffered actions (fewer bias the variational "
+               "objective towards smaller outputscales)", minimum=1),
         Option("kernel_rtol", "float", 0.01, "rounds stop when no raw hyperparameter moves "
                "more than this", minimum=0),
-        Option("kernel_objective", "str", "elbo", "what kernel learning maximises: the "
+        Option("kernel_objective", "str", "auto", "what kernel learning maximises: the "
+               "evidence lower bound of the variational posterior (variational), the "
                "computation-aware Laplace evidence (elbo) or the likelihood of the projected "
-               "pseudo-targets (projected)", choices=("elbo", "projected")),
+               "pseudo-targets (projected); auto: variational with inference=variational, "
+               "else elbo", choices=OBJECTIVES),
 )
 """Registry options of :class:`KernelLearning` (``iterncgp``)."""
 
@@ -118,6 +124,13 @@ class EvidenceProblem:
         W_diag: (L, n) the diagonal of W (for tr(W K)).
         constant: log p(y | f̂) + ½ ∇ᵀW†∇ (float64; no θ).
         likelihood: gives the products with W.
+        y: the targets (for the variational evidence's expectations).
+        kernel_matmul: V ↦ K_θ(x, x) V, differentiable in θ, for the round's evaluations
+            (e.g. :meth:`~gpscale.methods._iterncgp_setup.LatentKernel.learning_matmul`);
+            ``None``: the caller's.
+        reference: the objective of the posterior the problem was built from, per datum, where
+            the objective's own value at the start differs from it (the variational ELBO with
+            all actions, while the objective keeps ``rank`` of them); rounds compare this.
     """
 
     x: Tensor
@@ -127,6 +140,9 @@ class EvidenceProblem:
     W_diag: Tensor
     constant: Tensor
     likelihood: Likelihood
+    y: Tensor | None = None
+    kernel_matmul: Callable[[Tensor], Tensor] | None = None
+    reference: float | None = None
 
     @property
     def num_actions(self) -> int:
@@ -203,7 +219,7 @@ def evidence_problem(likelihood: Likelihood, x: Tensor, y: Tensor, f: Tensor, S:
             G_K = _inner(H, kernel_matmul(H))
             _, V = torch.linalg.eigh(0.5 * (G_K + G_K.mT))  # ascending Ritz values
             H = _span(H, V[:, -rank:])  # orthonormal rotation: Hᵀ W† H = I still
-        return EvidenceProblem(x, f, b, H, W_diagonal(likelihood, f), constant, likelihood)
+        return EvidenceProblem(x, f, b, H, W_diagonal(likelihood, f), constant, likelihood, y)
 
 
 def _span(H: Tensor, coef: Tensor) -> Tensor:
@@ -233,6 +249,22 @@ def laplace_evidence(kernel_matmul, kernel_diag: Tensor, problem: EvidenceProble
         elbo = -0.5 * (quad + tr_WK + L * n * log_2pi)
         return Evidence((elbo + 0.5 * L * n * log_2pi + problem.constant) / n, elbo / n, zero,
                         zero)
+    Z, G_K, chol, c, v, kl = _whitened_posterior(kernel_matmul, problem)
+    e = b - torch.einsum("lnb,b->ln", Z, v.to(Z.dtype))
+    quad = _inner(e[..., None], lik.W_matmul(f, e))[0]
+    ZWZ = _inner(Z, lik.W_matmul(f, Z))
+    trace = tr_WK - torch.cholesky_solve(ZWZ, chol).diagonal().sum()
+    elbo = -0.5 * (quad + trace + L * n * log_2pi) - kl
+    log_evidence = elbo + 0.5 * L * n * log_2pi + problem.constant
+    logdet_G = 2 * chol.diagonal().log().sum()
+    projected = -0.5 * (c @ v + logdet_G + G_K.shape[0] * log_2pi)
+    return Evidence(log_evidence / n, elbo / n, kl / n, projected / n)
+
+
+def _whitened_posterior(kernel_matmul, problem: EvidenceProblem):
+    """(Z = K H, G_K = HᵀZ, chol(I + G_K), c = Hᵀb, ṽ = G⁻¹c, KL(q ‖ p)) of the site regression
+    posterior q = N(m + Z ṽ, K − Z G⁻¹ Zᵀ) that the actions H give (float64 algebra)."""
+    H, b = problem.H, problem.b
     Z = kernel_matmul(H)  # (L, n, B), the one K-product
     G_K = _inner(H, Z)
     G_K = 0.5 * (G_K + G_K.mT)
@@ -240,14 +272,33 @@ def laplace_evidence(kernel_matmul, kernel_diag: Tensor, problem: EvidenceProble
     chol = safe_cholesky(eye + G_K, name="whitened Gram matrix I + HᵀKH")
     c = _inner(H, b)  # S'ᵀz
     v = torch.cholesky_solve(c[:, None], chol)[:, 0]
-    e = b - torch.einsum("lnb,b->ln", Z, v.to(Z.dtype))
-    quad = _inner(e[..., None], lik.W_matmul(f, e))[0]
-    ZWZ = _inner(Z, lik.W_matmul(f, Z))
-    trace = tr_WK - torch.cholesky_solve(ZWZ, chol).diagonal().sum()
     kl = 0.5 * (v @ G_K @ v - torch.cholesky_solve(G_K, chol).diagonal().sum()
                 + 2 * chol.diagonal().log().sum())
-    elbo = -0.5 * (quad + trace + L * n * log_2pi) - kl
-    log_evidence = elbo + 0.5 * L * n * log_2pi + problem.constant
-    logdet_G = 2 * chol.diagonal().log().sum()
-    projected = -0.5 * (c @ v + logdet_G + G_K.shape[0] * log_2pi)
-    return Evidence(log_evidence / n, elbo / n, kl / n, projected / n)
+    return Z, G_K, chol, c, v, kl
+
+
+def variational_evidence(kernel_matmul, kernel_diag: Tensor, problem: EvidenceProblem,
+                         likelihood: Likelihood, y: Tensor, prior_mean: float,
+                         expectation) -> Tensor:
+    """The evidence lower bound / n of the site posterior under θ (differentiable in θ):
+
+        ELBO(θ) = Σ_i E_{q_i}[log p(y_i | f_i)] − KL(q ‖ p),
+        q = N(m + Z ṽ, K − Z G⁻¹ Zᵀ),  Z = K_θ H,  G = I + HᵀZ,  ṽ = G⁻¹ Hᵀ b,
+
+    with the sites (``problem.likelihood``: Λ, b = Λ†η − m) and the actions H held fixed. q is
+    a Gaussian for every θ, so this is a lower bound on log p(y | θ) whatever the sites and
+    actions (no Laplace approximation in it). ``expectation(mean, cov, root)`` returns
+    Σ_i E[log p(y_i | f_i)] for q_i = N(mean_i, cov_i) (the refinement's quadrature or draws,
+    :func:`~gpscale.methods._iterncgp_variational.expected_terms`), ``root`` a differentiable
+    Cholesky factor of each block.
+    """
+    L, n = problem.b.shape
+    Z, _, chol, _, v, kl = _whitened_posterior(kernel_matmul, problem)
+    mean = prior_mean + torch.einsum("lnb,b->ln", Z, v.to(Z.dtype))
+    R = torch.linalg.solve_triangular(chol, upcast(Z).reshape(L * n, -1).mT,
+                                      upper=False).mT.reshape(L, n, -1).to(Z.dtype)
+    cov = torch.diag_embed(kernel_diag.mT) - torch.einsum("lnb,mnb->nlm", R, R)
+    jitter = 1e-8 * kernel_diag.detach().mean()
+    eye = torch.eye(L, dtype=cov.dtype, device=cov.device)
+    root = torch.linalg.cholesky(cov + jitter * eye)
+    return (expectation(mean, cov, root) - kl) / n

@@ -36,6 +36,7 @@ from gpscale.kernels import (
     make_kernel,
 )
 from gpscale.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, Softmax
+from gpscale.methods._held_distances import held_distance_matmul
 from gpscale.methods.base import probit_binary_probs
 from gpscale.methods.options import Option
 from gpscale.validation import check_x, check_xy
@@ -323,6 +324,27 @@ class LatentKernel:
             return out.reshape(n, L, k).permute(1, 0, 2)
 
         return product
+
+    def learning_matmul(self, x: Tensor, rows: int = 1024) -> Callable[[Tensor], Tensor]:
+        """V (L, n, k) ↦ K_θ(x, x) V, differentiable in the hyperparameters, for the many
+        products of one kernel-learning round.
+
+        A shared isotropic RBF/Matérn kernel k = s φ(‖x − x'‖ / ℓ) whose n × n matrix fits
+        :func:`~gpscale.methods._cagp_cg.dense_operator_limit` holds the distances ‖x_i − x_j‖
+        (computed once, no gradient) and evaluates s φ(D / ℓ) a block of ``rows`` rows at a
+        time (memory: D and one block); where a gradient is wanted the same pass forms
+        (∂K/∂ℓ) V. A product and its gradient cost two GEMMs of n² k L and a few elementwise
+        passes instead of n² kernel evaluations in d dimensions (MNIST, d = 784: 9.5 s → ~1.5
+        s). From :data:`~gpscale.methods._held_distances.FLOAT32_MIN_ROWS` points the products
+        run in float32 (:func:`~gpscale.methods._held_distances.held_distance_matmul`).
+        Otherwise the matrix-free :meth:`matmul`."""
+        from gpscale.methods._cagp_cg import dense_operator_limit
+
+        n = x.shape[0]
+        product = None
+        if self.shared and n * n * x.element_size() <= dense_operator_limit(x.device):
+            product = held_distance_matmul(self.kernel, x, rows)
+        return product if product is not None else (lambda V: self.matmul(x, x, V))
 
     def diag(self, x: Tensor) -> Tensor:
         """Prior variances k_l(x, x) as (L, t)."""

@@ -227,6 +227,10 @@ within :data:`DEFAULT_BUDGET_S`; a key not listed trains with ``FitConfig()``.""
 METHOD_DEFAULTS["exact"] = replace(METHOD_DEFAULTS["exact"], optimizer="lbfgs", lr=1.0,
                                    lbfgs_max_iter=5, patience=2)
 
+# IterNCGP learns its kernel by default (rounds of L-BFGS and warm-started refinements, not
+# epochs): the same budget bounds the rounds (the final conditioning runs after it).
+METHOD_DEFAULTS["iterncgp"] = replace(METHOD_DEFAULTS["iterncgp"], max_time=DEFAULT_BUDGET_S)
+
 PRESETS: dict[str, dict[str, FitConfig]] = {"default": METHOD_DEFAULTS, "paper": PAPER_DEFAULTS}
 
 

@@ -55,8 +55,10 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
 
     Returns:
         (history, state): one row per round (``loss`` = −log Ẑ/n at the round's start, i.e. at
-        the mode of its hyperparameters; ``stepped_evidence`` after its step with the iterate
-        fixed; ``lengthscale``, ``outputscale``, ``newton_steps``, ``actions``);
+        the mode of its hyperparameters — for the variational objective the ELBO of the
+        round's posterior with all its actions, ``problem.reference``; ``stepped_evidence``
+        after its step with the iterate fixed; ``lengthscale``, ``outputscale``,
+        ``newton_steps``, ``actions``);
         ``history.stopped`` is ``"converged"``, ``"no-improvement"`` (the evidence at the new
         mode fell: the previous hyperparameters are restored), ``"epochs"`` (all rounds ran),
         ``"time"`` or ``"non-finite"``.
@@ -78,6 +80,8 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
         problem = model.evidence_problem(state)
         before = [p.detach().clone() for p in params]
         start, loss = _hyperparameter_step(model, problem, params, plan.steps)
+        if problem.reference is not None and math.isfinite(start):
+            start = -problem.reference  # the ELBO of the round's actual posterior
         stopped = None
         if best is not None and math.isfinite(start) and -start < best[0] - IMPROVEMENT_TOL:
             _restore(params, best[1])  # the last step lowered the evidence at the new mode
@@ -99,7 +103,7 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
         elif stopped is None and (r + 1 == plan.rounds or out_of_time):
             stopped = "time" if out_of_time else "epochs"
         try:
-            state = _newton(model, x, y, state, cold=stopped is not None)
+            state = _newton(model, x, y, state, cold=stopped is not None, problem=problem)
         except NumericalError as error:  # the new θ breaks Newton even from scratch
             _restore(params, before)
             warnings.warn(f"IterNCGP kernel learning: Newton failed under the hyperparameters "
@@ -123,14 +127,15 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
     return history, state
 
 
-def _newton(model, x: Tensor, y: Tensor, state, *, cold: bool):
+def _newton(model, x: Tensor, y: Tensor, state, *, cold: bool, problem=None):
     """Newton under the current kernel: from scratch (``cold``: the state a reload gives), else
     warm-started from ``state``, falling back to a cold start if the warm one diverges (a large
-    hyperparameter step can make f = m + K v overflow the likelihood)."""
+    hyperparameter step can make f = m + K v overflow the likelihood). A variational model
+    restarts from the round's sites (``problem.likelihood``), without Laplace steps."""
     with torch.no_grad():
         if not cold:
             try:
-                return model.newton(x, y, *model.warm_start(state))
+                return model.warm_condition(state, getattr(problem, "likelihood", None))
             except NumericalError as error:
                 log.info("IterNCGP warm start failed (%s); conditioning from scratch", error)
         return model.condition(x, y)
@@ -171,10 +176,8 @@ def _hyperparameter_step(model, problem, params: list[Tensor], steps: int
 
 
 def _objective(model, problem) -> Tensor:
-    """The value a round maximises: ``kernel_learning.objective`` of the evidence."""
-    evidence = model.log_evidence(problem)
-    return (evidence.log_evidence if model.kernel_learning.objective == "elbo"
-            else evidence.projected)
+    """The value a round maximises (``model.learning_objective``)."""
+    return model.learning_objective(problem)
 
 
 def _hyperparameters(model) -> dict[str, Any]:
