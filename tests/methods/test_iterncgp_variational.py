@@ -352,3 +352,16 @@ def test_learning_classifier_starts_from_the_median_distance():
     D = torch.cdist(x, x)
     assert model.options["lengthscale"] == pytest.approx(float(D[D > 0].median()))
     assert model.options["outputscale"] == 1.0 and model.learns_kernel
+
+
+def test_warm_restart_that_diverges_raises_so_the_caller_conditions_from_scratch():
+    """A non-finite first step from given sites leaves no posterior to return: it raises
+    (kernel learning's restart then conditions from scratch) instead of handing back the
+    warm-started iterate without a precision root."""
+    from gpscale.errors import NumericalError
+    model, x, y = _objective_model("bernoulli")
+    state = model.condition(x, y)
+    sites = model.evidence_problem(state).likelihood
+    broken = Sites(sites.precision, torch.full_like(sites.location, float("inf")))
+    with pytest.raises(NumericalError, match="from the given sites"):
+        model.warm_condition(state, broken)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpscale.errors import NumericalError
 from gpscale.likelihoods import Likelihood
 from gpscale.linalg.ops import upcast
 from gpscale.methods._iterncgp_solver import (
@@ -302,6 +303,9 @@ def refine(model, x: Tensor, y: Tensor, state: IterNCGPState, K_matmul,
                      "%.6g; stopped", elbo)
             break
         if not math.isfinite(elbo_next):
+            if start is not None and i == 0:  # ``state`` is no posterior yet: nothing to keep
+                raise NumericalError("IterNCGP's variational step from the given sites is not "
+                                     "finite; condition from scratch")
             break
         change = float((f_next - f).norm() / f_next.norm().clamp_min(1e-300))
         trace.append(NewtonStep(len(trace), belief.iteration, str(belief.stopped),

@@ -58,10 +58,11 @@ Deviations from the paper, each deliberate:
 - Unit-vector actions with recycling continue with new data points (the action index counts
   all actions taken), so buffered and new actions stay independent (notes §14.12).
 - Poisson rates are the closed-form log-normal mean exp(m + v/2) rather than a Monte Carlo one.
-- Kernel hyperparameters are fixed (paper §5.2); by default they come from a short SVGP fit
-  (paper §C.4 for MNIST); counts are pre-fitted as SVGP regression on log(1 + y). Beyond the
-  paper, ``learn_kernel=True`` learns them on a computation-aware Laplace evidence
-  (:mod:`gpscale.methods._iterncgp_evidence`, :mod:`gpscale.training.laplace`).
+- Kernel hyperparameters are fixed in the paper (§5.2, from a short SVGP fit, §C.4). Beyond
+  it, the factory's defaults refine the Laplace posterior to a variational one
+  (:mod:`gpscale.methods._iterncgp_variational`; ``inference="laplace"``: the paper) and learn
+  the kernel on its ELBO (:mod:`gpscale.training.laplace`; ``learn_kernel=False``: fixed).
+  The class itself defaults to the paper (no refinement, fixed kernel).
 """
 
 from __future__ import annotations
