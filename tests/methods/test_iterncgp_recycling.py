@@ -4,6 +4,7 @@ rules, loss and predictive, inputs, factory, registry and SoD-Laplace."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -558,3 +559,31 @@ def test_conditioning_with_the_held_kernel_matrix_equals_matrix_free(name, gener
         calls["n"] = 0
         per_class.training_matmul(x)(torch.ones(lik.num_latents, x.shape[0], 1))
         assert calls["n"] == 1
+
+
+def test_buffers_grow_in_place_without_touching_earlier_beliefs(generator):
+    """S and T grow into spare room in place (no copy per action), yet a belief that two solves
+    branch from keeps its buffers, and the first branch keeps its own when the second writes
+    where the first did: each equals the same solve with fresh buffers, T = K S throughout."""
+    lik, x, y, _ = make_problem("bernoulli", generator)
+    model = small_model(lik, x)
+    K = dense_posterior(model, x)
+    m = torch.zeros(1, x.shape[0])
+    stop = Stopping(max_iterations=3, atol=0.0, rtol=0.0)
+    problem = model.regression_problem(x, y, m)
+    root = solve(problem, empty_belief(m), IterativeResidualPolicy(), stop)
+    root = replace(root, iteration=0, stopped=None)  # three more iterations from here
+    grown = solve(problem, root, IterativeResidualPolicy(), stop)
+    assert grown.S.data_ptr() == root.S.data_ptr()  # the same storage: appended in place
+    saved = root.S.clone(), root.T.clone()
+    other = model.regression_problem(x, y, m + 0.5)  # a second branch from root
+    first = solve(other, root, RandomPolicy(1), stop)
+    first_S = first.S.clone()
+    second = solve(other, root, RandomPolicy(2), stop)
+    assert torch.equal(root.S, saved[0]) and torch.equal(root.T, saved[1])
+    assert torch.equal(first.S, first_S)
+    assert not torch.equal(first.S, second.S)
+    fresh = replace(root, S=root.S.clone(), T=root.T.clone(), room=None)
+    torch.testing.assert_close(second.S, solve(other, fresh, RandomPolicy(2), stop).S)
+    for belief in (root, grown, first, second):
+        torch.testing.assert_close(flat(belief.T), K @ flat(belief.S))

@@ -4,10 +4,12 @@ the expectations under q, and the fixed point of the refinement against dense fl
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 
+from gpscale.errors import ConvergenceWarning
 from gpscale.kernels import kernel_matrix
 from gpscale.likelihoods import Bernoulli, Gaussian, Poisson, Softmax
 from gpscale.methods._iterncgp_evidence import KernelLearning
@@ -365,3 +367,67 @@ def test_warm_restart_that_diverges_raises_so_the_caller_conditions_from_scratch
     broken = Sites(sites.precision, torch.full_like(sites.location, float("inf")))
     with pytest.raises(NumericalError, match="from the given sites"):
         model.warm_condition(state, broken)
+
+
+def test_refinement_that_runs_out_of_steps_warns_naming_the_change():
+    """A mean still moving after vi_steps is not returned silently: a ConvergenceWarning names
+    its relative change; with steps enough there is none, and kernel-learning rounds (whose
+    states are replaced) stay quiet until the final conditioning."""
+    lik, x, y, kernel = _problem("bernoulli", n=30)
+    short = _full_rank_model(lik, kernel, 30, max_steps=1)
+    short.stopping = Stopping(outer_rtol=1e-12, max_newton_steps=2, max_iterations=60)
+    with pytest.warns(ConvergenceWarning, match=r"changed by [0-9.e+-]+ \(relative\).*vi_steps"):
+        state = short.condition(x, y)
+    assert not state.converged
+    full = _full_rank_model(lik, kernel, 30)
+    full.stopping = Stopping(outer_rtol=1e-6, max_newton_steps=60, max_iterations=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        assert full.condition(x, y).converged
+    short.kernel = kernel.requires_grad_(True)
+    short.kernel_learning = KernelLearning(enabled=True, rounds=3, steps=3)
+    with pytest.warns(ConvergenceWarning) as record:
+        learn_kernel(short, (x, y), FitConfig(progress=False))
+    assert sum(r.category is ConvergenceWarning for r in record) == 1  # the final state only
+
+
+def test_kernel_rounds_on_a_subset_then_condition_on_all_points(monkeypatch):
+    """``learn_points``: the rounds see a seeded random subset (the θ they reach is the θ of
+    learning on that subset alone), the final state conditions on every point; by default the
+    subset is the largest with n²·L ≤ LEARNING_ENTRIES, and 0 means all."""
+    from gpscale.training import laplace
+
+    lik, x, y, _ = _problem("bernoulli", n=90)
+
+    def learned(data, points):
+        model = build_iterncgp(2, num_classes=2, lengthscale=1.0, outputscale=2.0,
+                               max_iterations=10, learn_points=points).double()
+        history, state = learn_kernel(model, data, FitConfig(progress=False))
+        return model, history, state
+
+    model, history, state = learned((x, y), 40)
+    assert set(history.column("points")) == {40}
+    assert state.x.shape[0] == 90 and torch.equal(state.x, x)  # the final state: all points
+    sub = laplace.learning_subset((x, y), 40, 1, seed=0)
+    assert sub[0].shape == (40, 2) and not torch.equal(sub[0], x[:40])  # random, not the first
+    alone, _, _ = learned(sub, 0)
+    for mine, theirs in zip(model.kernel.parameters(), alone.kernel.parameters(), strict=True):
+        assert torch.allclose(mine, theirs, rtol=1e-6)
+    monkeypatch.setattr(laplace, "LEARNING_ENTRIES", 50**2 * 3)
+    assert laplace.learning_subset((x, y), None, 3)[0].shape[0] == 50  # n² L ≤ the bound
+    assert laplace.learning_subset((x, y), 0, 3)[0].shape[0] == 90
+    assert laplace.learning_subset((x, y), 200, 1)[0] is x
+    with pytest.raises(ValueError, match="points ≥ 0"):
+        KernelLearning(points=-1)
+
+
+def test_fit_plan_names_the_learning_subset():
+    """``gpscale fit`` says when the kernel rounds see a subset, and how to see all."""
+    from gpscale.benchmarks.runner import plan_text
+
+    config = FitConfig(max_time=300)
+    assert "8,000 random points of 20,000" in plan_text("iterncgp", config, {}, 20_000, 10)
+    assert "learn_points=0" in plan_text("iterncgp", config, {}, 20_000, 10)
+    assert "random points" not in plan_text("iterncgp", config, {}, 8_000, 10)
+    assert "random points" not in plan_text("iterncgp", config, {"learn_points": 0}, 20_000, 10)
+    assert "5,000 random" in plan_text("iterncgp", config, {"learn_points": 5000}, 20_000, 1)

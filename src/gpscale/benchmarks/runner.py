@@ -34,6 +34,7 @@ from gpscale.methods.registry import get_spec
 from gpscale.metrics import json_safe
 from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
 from gpscale.training.harness import cast, train_method
+from gpscale.training.laplace import learning_points
 from gpscale.training.prefit import exact_prefit_wanted
 
 __all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_test",
@@ -146,9 +147,10 @@ def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
 
 
 def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = None,
-              num_train: int | None = None) -> str:
+              num_train: int | None = None, num_latents: int = 1) -> str:
     """One line saying how ``method`` will train: budget, schedule, stopping rule (and the
-    pre-fit's learning rate when ``num_train`` points call for a pre-fit, or are not given)."""
+    pre-fit's learning rate when ``num_train`` points call for a pre-fit, or are not given;
+    IterNCGP: the points its kernel rounds see, for ``num_latents`` latent functions)."""
     opts = get_spec(method).resolve(options or {})
     if "kernel_rounds" in opts:  # IterNCGP: no gradient training, kernel learning or none
         variational = opts.get("inference", "laplace") == "variational"
@@ -163,10 +165,15 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
                      "elbo": "the computation-aware Laplace evidence",
                      "projected": "the projected pseudo-target likelihood"}[objective]
         limit = "" if config.max_time is None else f" or {config.max_time:g} s"
+        points = (None if num_train is None
+                  else learning_points(opts.get("learn_points"), num_train, num_latents))
+        subset = ("" if points is None or points >= num_train else
+                  f" on {points:,} random points of {num_train:,}, then conditioning on all "
+                  "(-o learn_points=0: rounds on all; ")
         return (f"{method}: learning the kernel on {objective}, at most "
                 f"{opts['kernel_rounds']} rounds{limit} of L-BFGS steps and Newton "
-                "restarts (-o learn_kernel=false keeps a fixed kernel: given or SVGP "
-                "pre-fitted)")
+                f"restarts{subset or ' ('}-o learn_kernel=false keeps a fixed kernel: given or "
+                "SVGP pre-fitted)")
     budget = f"{config.epochs} epochs"
     if config.max_time is not None:
         budget += f" or {config.max_time:g} s"
@@ -201,8 +208,9 @@ def run(spec: RunSpec) -> RunResult:
     data = load_data(spec)
     spec = resolve_auto(spec, data)
     config, dtype = fit_config(spec, data.num_train)
+    latents = data.num_classes if (data.num_classes or 0) > 2 else 1
     logging.getLogger("gpscale.fit").info(plan_text(spec.method, config, spec.options,
-                                                    data.num_train))
+                                                    data.num_train, latents))
     x, y = cast((data.x_train, data.y_train), config, data.task)
     x_test = data.x_test.to(dtype)
     callbacks = []

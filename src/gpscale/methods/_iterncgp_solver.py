@@ -17,14 +17,16 @@ Shapes: L latent functions, n points; vectors are (L, n), buffers (L, n, B).
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
-from gpscale.errors import NumericalError
+from gpscale.errors import ConvergenceWarning, NumericalError
 from gpscale.linalg.ops import upcast
 from gpscale.linalg.solvers.base import SolverStep
 
@@ -133,6 +135,7 @@ class Belief:
         num_actions: actions taken so far (recycled ones included), the index the next
             unit-vector action uses.
         stopped: why the inner loop stopped (one of ``STOP_REASONS``), ``None`` while running.
+        room: storage S and T may grow into without a copy (:class:`_Room`), or ``None``.
     """
 
     S: Tensor
@@ -143,6 +146,7 @@ class Belief:
     iteration: int = 0
     num_actions: int = 0
     stopped: str | None = None
+    room: _Room | None = field(default=None, repr=False, compare=False)
 
     @property
     def rank(self) -> int:
@@ -304,9 +308,44 @@ def _condition_on_action(problem: RegressionProblem, belief: Belief, s: Tensor, 
     A[:B, :Bq] = belief.A
     A[:, Bq] = d / eta.sqrt()  # line 14: Q_j = (Q_{j−1}, d_j / √η_j)
     a = torch.cat([belief.a, belief.a.new_zeros(1)]) + (alpha / eta) * d  # line 16
-    S = torch.cat([belief.S, s[..., None]], -1)  # line 7
-    T = torch.cat([belief.T, t[..., None]], -1)  # line 10
-    return Belief(S, T, A, a, None, belief.iteration + 1, belief.num_actions + 1)
+    if torch.is_grad_enabled() and (s.requires_grad or t.requires_grad):  # no in-place writes
+        return Belief(torch.cat([belief.S, s[..., None]], -1),
+                      torch.cat([belief.T, t[..., None]], -1), A, a, None, belief.iteration + 1,
+                      belief.num_actions + 1)
+    room = _room_for(belief)
+    room.S[..., B], room.T[..., B] = s, t  # lines 7 and 10: S_j = (S_{j−1}, s_j), T likewise
+    room.used = B + 1
+    return Belief(room.S[..., :B + 1], room.T[..., :B + 1], A, a, None, belief.iteration + 1,
+                  belief.num_actions + 1, room=room)
+
+
+@dataclass(eq=False)
+class _Room:
+    """Storage for a growing buffer pair: S and T are prefixes ``[..., :used]`` of these.
+
+    Appending an action to a belief whose S, T are the whole used prefix writes one column in
+    place (a view of the prefix stays valid: nothing before ``used`` changes); any other belief
+    (an earlier one, or one made elsewhere) gets a new room and one copy. A buffer of B columns
+    then costs O(L n) per action instead of a copy of all B."""
+
+    S: Tensor
+    T: Tensor
+    used: int
+
+
+def _room_for(belief: Belief) -> _Room:
+    """A room whose column ``belief.rank`` may be written: the belief's own if its S, T are the
+    room's whole used prefix and it has space, else a new one holding a copy of S, T."""
+    room, B = belief.room, belief.rank
+    if (room is not None and room.used == B and room.S.shape[-1] > B
+            and belief.S.data_ptr() == room.S.data_ptr()
+            and belief.T.data_ptr() == room.T.data_ptr()):
+        return room
+    L, n = belief.S.shape[:2]
+    capacity = B + max(16, B // 2)
+    room = _Room(belief.S.new_empty(L, n, capacity), belief.T.new_empty(L, n, capacity), B)
+    room.S[..., :B], room.T[..., :B] = belief.S, belief.T
+    return room
 
 
 @dataclass(frozen=True)
@@ -395,3 +434,23 @@ class IterNCGPState:
     T: Tensor
     trace: tuple[NewtonStep, ...]
     converged: bool
+
+    def __post_init__(self):  # buffers that are prefixes of a larger room: their own storage
+        for name in ("S", "T"):
+            object.__setattr__(self, name, getattr(self, name).contiguous())
+
+
+def warn_unconverged(state: IterNCGPState, outer_rtol: float) -> None:
+    """Warn (:class:`~gpscale.errors.ConvergenceWarning`) when ``state``'s outer iterations ran
+    out before the mean's relative change fell to ``outer_rtol`` (0: all steps were asked for);
+    the message names the last change and the steps taken. The state is still the best iterate
+    reached (its Newton steps never lower Ψ, its variational steps never lower the ELBO)."""
+    if state.converged or outer_rtol <= 0 or not state.trace:
+        return
+    moved = [step.relative_change for step in state.trace if step.step_size > 0] or [math.nan]
+    stalled = state.trace[-1].step_size == 0  # no step size raised Ψ, the solve cannot improve
+    warnings.warn(f"IterNCGP's posterior mean still changed by {moved[-1]:.3g} (relative) in "
+                  f"its last {'accepted ' if stalled else ''}step, above outer_rtol = "
+                  f"{outer_rtol:g}, after {len(state.trace)} "
+                  "Newton/variational steps; the last iterate is used (raise max_newton_steps "
+                  "or vi_steps for a converged mean)", ConvergenceWarning, stacklevel=3)

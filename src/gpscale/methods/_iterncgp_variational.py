@@ -238,7 +238,8 @@ class _OnRange:
 def refine(model, x: Tensor, y: Tensor, state: IterNCGPState, K_matmul,
            sites: Sites | None = None) -> IterNCGPState:
     """Variational steps from ``state`` (a Laplace posterior) until the relative change of the
-    mean is at most the outer tolerance, ``max_steps`` ran, or no step size raises the ELBO.
+    mean is at most the outer tolerance δ, a step raises the ELBO / n by at most δ² (relative),
+    ``max_steps`` ran (the caller warns), or no step size raises the ELBO.
 
     Each step moves the sites from those of the current q towards the target sites of its
     expectations, by ρ = 1 at first (the fixed-point step); a step that lowers the ELBO is undone
@@ -301,6 +302,7 @@ def refine(model, x: Tensor, y: Tensor, state: IterNCGPState, K_matmul,
         else:
             log.info("IterNCGP variational refinement: no step size raised the ELBO/n from "
                      "%.6g; stopped", elbo)
+            current = replace(current, converged=True)  # a maximum of the ELBO within tolerance
             break
         if not math.isfinite(elbo_next):
             if start is not None and i == 0:  # ``state`` is no posterior yet: nothing to keep
@@ -311,11 +313,15 @@ def refine(model, x: Tensor, y: Tensor, state: IterNCGPState, K_matmul,
         trace.append(NewtonStep(len(trace), belief.iteration, str(belief.stopped),
                                 float(belief.residual.norm()), change, belief.rank, rho,
                                 elbo_next))
+        # near the optimum the ELBO is quadratic in the step: a gain of δ² for a change δ (a
+        # step accepted within ELBO_RTOL without a gain is Monte Carlo noise: no evidence)
+        gain = (elbo_next - elbo) / max(1.0, abs(elbo_next))
+        converged = change <= stop.outer_rtol or 0 < gain <= stop.outer_rtol**2
         current = replace(current, f=f_next, v=belief.v, Q=belief.Q, S=belief.S, T=belief.T,
-                          trace=tuple(trace), converged=change <= stop.outer_rtol)
+                          trace=tuple(trace), converged=converged)
         accepted, sites = belief, trial
         elbo, g, W = elbo_next, g_next, W_next
-        if change <= stop.outer_rtol:
+        if converged:
             break
     return current
 

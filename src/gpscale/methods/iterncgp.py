@@ -105,6 +105,7 @@ from gpscale.methods._iterncgp_solver import (
     empty_belief,
     solve,
     virtual_solver_run,
+    warn_unconverged,
 )
 from gpscale.methods._iterncgp_variational import VARIATIONAL_OPTIONS, Variational, refine
 from gpscale.methods.base import Method, predict_in_chunks
@@ -213,12 +214,16 @@ class IterNCGP(KernelLearningMixin, Method):
         Raises:
             ValueError: NaN/inf, shape mismatch, wrong feature count, labels outside 0..C−1,
                 negative or non-integer counts.
+        Warns:
+            ConvergenceWarning: the steps ran out before the mean's change fell to outer_rtol.
         """
         check_x(x, num_dims=getattr(self, "num_dims", None))
         check_xy(x, y, task=self.task, num_classes=self.num_classes)
         m = x.new_full((self.likelihood.num_latents, x.shape[0]), self.prior_mean)  # line 2
-        return self.refine(self.newton(x, y, m.clone(), torch.zeros_like(m), empty_belief(m),
-                                       on_step=on_step))  # f_0 = m = m + K v_0, S, T empty
+        state = self.refine(self.newton(x, y, m.clone(), torch.zeros_like(m), empty_belief(m),
+                                        on_step=on_step))  # f_0 = m = m + K v_0, S, T empty
+        warn_unconverged(state, self.stopping.outer_rtol)
+        return state
 
     def refine(self, state: IterNCGPState) -> IterNCGPState:
         """The variational refinement of a Laplace ``state`` (``variational.enabled``; else the
@@ -298,11 +303,8 @@ class IterNCGP(KernelLearningMixin, Method):
             return self._log_joint(y, m, f + alpha * (f_new - f), v + alpha * (v_new - v))
 
         current = log_joint(0.0)
-        for halvings in range(LINE_SEARCH_HALVINGS + 1):
-            alpha = 0.5**halvings
-            if bool(log_joint(alpha) >= current):
-                return alpha
-        return 0.0
+        return next((0.5**h for h in range(LINE_SEARCH_HALVINGS + 1)
+                     if bool(log_joint(0.5**h) >= current)), 0.0)
 
     def regression_problem(self, x: Tensor, y: Tensor, f: Tensor,
                            K_matmul: Callable[[Tensor], Tensor] | None = None
@@ -389,6 +391,7 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
                    backend: str = "auto", learn_kernel: bool = True, kernel_rounds: int = 10,
                    kernel_steps: int = 10, evidence_rank: int | None = None,
                    kernel_rtol: float = 0.01, kernel_objective: str = "auto",
+                   learn_points: int | None = None,
                    inference: str = "variational", vi_steps: int = 10, vi_samples: int = 64,
                    prefit_steps: int = 100, prefit_num_inducing: int = 64,
                    prefit_lr: float = 0.05, prefit_batch_size: int = 1024) -> IterNCGP:
@@ -418,11 +421,11 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
         seed: seeds the ``chol`` order, the pre-fit and Monte Carlo probabilities.
         chunk_size, backend: of the kernel products.
         learn_kernel, kernel_rounds, kernel_steps, evidence_rank, kernel_rtol,
-            kernel_objective: training learns the kernel hyperparameters (the default; by
-            ``gpscale fit`` starting from the median distance for classification), on the
-            evidence lower bound of the variational posterior (:class:`KernelLearning`:
+            kernel_objective, learn_points: training learns the kernel hyperparameters (the
+            default; by ``gpscale fit`` starting from the median distance for classification),
+            on the evidence lower bound of the variational posterior (:class:`KernelLearning`:
             rounds, L-BFGS iterations per round, actions of the objective, tolerance,
-            objective); ``learn_kernel=False`` keeps them fixed, as the paper.
+            objective, points); ``learn_kernel=False`` keeps them fixed, as the paper.
         inference, vi_steps, vi_samples: the variational refinement of the Laplace posterior
             (the default) or the paper's Laplace posterior (:class:`Variational`;
             docs/iterncgp_evidence.md §7).
@@ -443,7 +446,7 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
     stopping = Stopping(outer_rtol, max_newton_steps, atol, rtol, max_iterations)
     recycling = Recycling(recycle, compression_rank)
     learning = KernelLearning(learn_kernel, kernel_rounds, kernel_steps, evidence_rank,
-                              kernel_rtol, kernel_objective)
+                              kernel_rtol, kernel_objective, learn_points)
     if inference not in ("variational", "laplace"):
         raise ValueError(f"unknown inference {inference!r}; valid: variational, laplace")
     variational = Variational(inference == "variational", vi_steps, vi_samples, seed)
@@ -457,8 +460,8 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
         probs=probs, num_samples=num_samples, seed=seed, chunk_size=chunk_size,
         backend=backend, learn_kernel=learn_kernel, kernel_rounds=kernel_rounds,
         kernel_steps=kernel_steps, evidence_rank=evidence_rank, kernel_rtol=kernel_rtol,
-        kernel_objective=kernel_objective, inference=inference, vi_steps=vi_steps,
-        vi_samples=vi_samples, **prior.prefit_options)
+        kernel_objective=kernel_objective, learn_points=learn_points, inference=inference,
+        vi_steps=vi_steps, vi_samples=vi_samples, **prior.prefit_options)
     model = IterNCGP(prior.kernel, prior.likelihood, POLICIES[policy](seed), recycling,
                      stopping, predictive, prior_mean=prior_mean, line_search=line_search,
                      kernel_learning=learning, variational=variational,

@@ -28,17 +28,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpscale.errors import NumericalError
+from gpscale.errors import ConvergenceWarning, NumericalError
 from gpscale.kernels import kernel_hyperparameters
 from gpscale.training.config import FitConfig
 from gpscale.training.fit import _run_callbacks
 from gpscale.training.history import History
 
-__all__ = ["IMPROVEMENT_TOL", "learn_kernel"]
+__all__ = ["IMPROVEMENT_TOL", "LEARNING_ENTRIES", "learn_kernel", "learning_points",
+           "learning_subset"]
 
 IMPROVEMENT_TOL = 1e-4
 """A round whose starting evidence (per datum) is below the best earlier one by more than this
 undoes the previous step and stops: the alternation never ends at a worse evidence."""
+
+LEARNING_ENTRIES = 6.4e8
+"""By default the kernel rounds see at most n points with n²·L ≤ this (8,000 points with ten
+latent functions, 25,298 with one): a round costs n²·L·B per evaluation of the objective (B
+buffered actions), which beyond that outgrows a training budget of minutes on a CPU."""
 
 log = logging.getLogger("gpscale.training")
 
@@ -67,14 +73,13 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
         RuntimeWarning: when a round's evidence is not finite; the hyperparameters before that
             round are kept (``history.stopped == "non-finite"``) and their state returned.
     """
-    x, y = data
     plan = model.kernel_learning
+    x, y = learning_subset(data, plan.points, model.likelihood.num_latents, config.seed)
     params = [p for p in model.kernel.parameters()]
     history = History()
     model.eval()
     tic = time.perf_counter()
-    with torch.no_grad():
-        state = model.condition(x, y)
+    state = _newton(model, x, y, None, cold=True, final=False)
     best: tuple[float, list[Tensor]] | None = None  # (evidence at a round's start, its θ)
     for r in range(plan.rounds):
         problem = model.evidence_problem(state)
@@ -102,19 +107,20 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
             stopped = "converged"
         elif stopped is None and (r + 1 == plan.rounds or out_of_time):
             stopped = "time" if out_of_time else "epochs"
-        try:
-            state = _newton(model, x, y, state, cold=stopped is not None, problem=problem)
+        try:  # the last round conditions on all the data, from scratch
+            state = _newton(model, *(data if stopped else (x, y)), state,
+                            cold=stopped is not None, problem=problem)
         except NumericalError as error:  # the new θ breaks Newton even from scratch
             _restore(params, before)
             warnings.warn(f"IterNCGP kernel learning: Newton failed under the hyperparameters "
                           f"of round {r + 1} ({error}); the hyperparameters before that round "
                           "are kept", RuntimeWarning, stacklevel=2)
             stopped = "non-finite"
-            state = _newton(model, x, y, state, cold=True)
+            state = _newton(model, *data, state, cold=True)
         row = {"epoch": r + 1, "time_s": time.perf_counter() - tic, "loss": start, "lr": None,
                "log_evidence": -start, "stepped_evidence": -loss, "change": change,
                "newton_steps": len(state.trace), "actions": problem.num_actions,
-               **_hyperparameters(model)}
+               "points": x.shape[0], **_hyperparameters(model)}
         log.info("IterNCGP kernel round %d: log Z/n %.5g at its start, %.5g after the step "
                  "(iterate fixed), change %.3g%s, %s", r + 1, -start, -loss, change,
                  "" if stopped is None else f", stopped: {stopped}",
@@ -127,12 +133,38 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
     return history, state
 
 
-def _newton(model, x: Tensor, y: Tensor, state, *, cold: bool, problem=None):
+def learning_subset(data: tuple[Tensor, Tensor], points: int | None, num_latents: int,
+                    seed: int = 0) -> tuple[Tensor, Tensor]:
+    """The training points the kernel rounds see: all of ``data`` when ``points`` is 0 or at
+    least n, ``points`` of them drawn at random (seeded) otherwise; ``None``: as many as keep
+    n²·L ≤ :data:`LEARNING_ENTRIES` (each round's objective costs n²·L·B)."""
+    x, y = data
+    n = x.shape[0]
+    points = learning_points(points, n, num_latents)
+    if points >= n:
+        return x, y
+    keep = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:points]
+    keep = keep.sort().values.to(x.device)
+    return x[keep], y[keep]
+
+
+def learning_points(points: int | None, n: int, num_latents: int) -> int:
+    """How many of n training points the kernel rounds see (:func:`learning_subset`)."""
+    if points is None:
+        points = math.isqrt(int(LEARNING_ENTRIES // max(num_latents, 1)))
+    return n if points == 0 else min(points, n)
+
+
+def _newton(model, x: Tensor, y: Tensor, state, *, cold: bool, problem=None,
+            final: bool | None = None):
     """Newton under the current kernel: from scratch (``cold``: the state a reload gives), else
     warm-started from ``state``, falling back to a cold start if the warm one diverges (a large
     hyperparameter step can make f = m + K v overflow the likelihood). A variational model
-    restarts from the round's sites (``problem.likelihood``), without Laplace steps."""
-    with torch.no_grad():
+    restarts from the round's sites (``problem.likelihood``), without Laplace steps. Only the
+    ``final`` state (default: a cold one) warns when its iterations did not converge."""
+    with torch.no_grad(), warnings.catch_warnings():
+        if not (cold if final is None else final):
+            warnings.simplefilter("ignore", ConvergenceWarning)  # a round's state is replaced
         if not cold:
             try:
                 return model.warm_condition(state, getattr(problem, "likelihood", None))
