@@ -302,7 +302,6 @@ def refine(model, x: Tensor, y: Tensor, state: IterNCGPState, K_matmul,
         else:
             log.info("IterNCGP variational refinement: no step size raised the ELBO/n from "
                      "%.6g; stopped", elbo)
-            current = replace(current, converged=True)  # a maximum of the ELBO within tolerance
             break
         if not math.isfinite(elbo_next):
             if start is not None and i == 0:  # ``state`` is no posterior yet: nothing to keep
