@@ -17,6 +17,7 @@ from gpscale.methods._iterncgp_solver import (
     RegressionProblem,
     empty_belief,
     itergp,
+    newton_step_size,
     solve,
     virtual_solver_run,
 )
@@ -587,3 +588,38 @@ def test_buffers_grow_in_place_without_touching_earlier_beliefs(generator):
     torch.testing.assert_close(second.S, solve(other, fresh, RandomPolicy(2), stop).S)
     for belief in (root, grown, first, second):
         torch.testing.assert_close(flat(belief.T), K @ flat(belief.S))
+
+
+def test_trust_radius_bounds_every_step_and_still_reaches_the_mode(generator):
+    """With ``max_step`` no Newton step moves a latent value by more than the radius (the full
+    step from f_0 = 0 to counts around 50 would move log-rates by ~4), Ψ never decreases, and
+    the mode is the dense one."""
+    lik, x, y = _large_counts(generator)
+    stopping = Stopping(max_iterations=10, outer_rtol=1e-10, max_newton_steps=100)
+    iterates = [torch.zeros(1, 10, dtype=x.dtype)]
+    model = IterNCGP(problem_kernel(x, lik), lik, stopping=stopping, max_step=0.5)
+    state = model.condition(x, y, on_step=lambda s: iterates.append(s.f.clone()))
+    moves = [float((b - a).abs().max()) for a, b in zip(iterates, iterates[1:], strict=False)]
+    assert max(moves) <= 0.5 + 1e-12 and sum(m > 0.49 for m in moves) >= 4
+    psi = [step.log_joint for step in state.trace]
+    assert all(b >= a - 1e-9 for a, b in zip(psi, psi[1:], strict=False))
+    f_map = laplace_mode(dense_posterior(small_model(lik, x), x), lik, y, 0.0, state.f.shape)
+    assert state.converged
+    torch.testing.assert_close(state.f, f_map, rtol=1e-7, atol=1e-7)
+
+
+def test_newton_step_size_starts_inside_the_trust_radius():
+    """α₀ = max_step/‖Δf‖∞ when the full step is longer, then halvings; 0 when none helps."""
+    tried = []
+
+    def concave(alpha: float) -> torch.Tensor:  # Ψ rises up to α = 0.3, then falls
+        tried.append(alpha)
+        return torch.tensor(-(alpha - 0.3) ** 2)
+
+    assert newton_step_size(concave, 2.0, None) == 0.5  # 1 is worse than 0, ½ is not
+    tried.clear()
+    assert newton_step_size(concave, 10.0, 4.0) == 0.4 and tried == [0.0, 0.4]
+    assert newton_step_size(concave, 1.0, 4.0) == 0.5  # a short step is not stretched
+    assert newton_step_size(lambda a: torch.tensor(-a), 1.0, None) == 0.0
+    with pytest.raises(ValueError, match="max_step"):
+        IterNCGP(problem_kernel(torch.zeros(3, 1), Poisson()), Poisson(), max_step=0.0)

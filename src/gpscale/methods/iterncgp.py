@@ -54,7 +54,8 @@ Deviations from the paper, each deliberate:
   MNIST, 2,000 points, j ≤ 5); Ψ = log p(y | f) − ½ vᵀ(f − m) costs no K-product. The final
   mean uses the damped v, so m + K(X, X) v = f. When no step size helps, the step is rejected
   and the same regression problem is solved further (j_max more iterations on the same belief,
-  no virtual run since W is unchanged). ``line_search=False`` is the paper's Alg. 1.
+  no virtual run since W is unchanged). The factory's search starts from a step capped to move
+  no latent value by more than ``max_step`` (4: a trust radius). ``line_search=False`` is Alg. 1.
 - Unit-vector actions with recycling continue with new data points (the action index counts
   all actions taken), so buffered and new actions stay independent (notes §14.12).
 - Poisson rates are the closed-form log-normal mean exp(m + v/2) rather than a Monte Carlo one.
@@ -102,7 +103,9 @@ from gpscale.methods._iterncgp_solver import (
     Recycling,
     RegressionProblem,
     Stopping,
+    _relative_change,
     empty_belief,
+    newton_step_size,
     solve,
     virtual_solver_run,
     warn_unconverged,
@@ -120,8 +123,10 @@ __all__ = [
     "build_iterncgp", "build_sod_laplace",
 ]
 
-LINE_SEARCH_HALVINGS = 10
-"""The line search tries α = 1, ½, …, 2^{−10} before it rejects a Newton step."""
+MAX_STEP = 4.0
+"""The factory's trust radius (latent units): a Newton step of the line search moves no logit or
+log-rate by more than this. Cold Newton at a large outputscale with j ≤ 15 otherwise saturates
+thousands of points in its first step and stalls (gmm10, n = 20k, BENCHMARKS.md)."""
 POLICIES = {
     "cg": lambda seed: IterativeResidualPolicy(),
     "pcg": lambda seed: PreconditionedResidualPolicy(),
@@ -152,6 +157,9 @@ class IterNCGP(KernelLearningMixin, Method):
         prior_mean: constant prior mean m.
         line_search: backtrack along each Newton step until Ψ does not decrease (a safeguard
             the paper does not use; ``False`` takes the full steps of Alg. 1).
+        max_step: with the line search, the trust radius: a step moves no latent value by more
+            than this (:func:`~gpscale.methods._iterncgp_solver.newton_step_size`); ``None``
+            (here the default; the factory's is :data:`MAX_STEP`) bounds nothing.
         chunk_size, backend: of the kernel products (:func:`~gpscale.kernels.kernel_matmul`).
         options: resolved factory options (stored as ``self.options``).
 
@@ -173,7 +181,8 @@ class IterNCGP(KernelLearningMixin, Method):
     def __init__(self, kernel, likelihood: Likelihood, policy=None,
                  recycling: Recycling | None = None, stopping: Stopping | None = None,
                  predictive: PredictiveOptions | None = None, *, prior_mean: float = 0.0,
-                 line_search: bool = True, kernel_learning: KernelLearning | None = None,
+                 line_search: bool = True, max_step: float | None = None,
+                 kernel_learning: KernelLearning | None = None,
                  variational: Variational | None = None, chunk_size: int | None = None,
                  backend: str = "auto", options: dict[str, Any] | None = None):
         task = likelihood.task
@@ -188,6 +197,9 @@ class IterNCGP(KernelLearningMixin, Method):
         self.predictive = predictive or PredictiveOptions()
         self.prior_mean = float(prior_mean)
         self.line_search = bool(line_search)
+        if max_step is not None and not max_step > 0:
+            raise ValueError(f"max_step must be > 0 or None; got {max_step}")
+        self.max_step = max_step
         self.kernel_learning = kernel_learning or KernelLearning(enabled=False)
         self.variational = variational or Variational(enabled=False)
 
@@ -294,17 +306,10 @@ class IterNCGP(KernelLearningMixin, Method):
 
     def _line_search(self, y: Tensor, m: Tensor, f: Tensor, v: Tensor, f_new: Tensor,
                      v_new: Tensor) -> float:
-        """Backtracking step size α ∈ {1, ½, …, 2^{−max}} ∪ {0} along f_new − f on Ψ.
-
-        Ψ(f) = log p(y | f) − ½ vᵀ(f − m) for f = m + K v (Eq. 2) costs no K-product. Returns
-        the first α with Ψ(f + α Δf) ≥ Ψ(f) (NaN counts as worse), else 0.
-        """
-        def log_joint(alpha: float) -> Tensor:
-            return self._log_joint(y, m, f + alpha * (f_new - f), v + alpha * (v_new - v))
-
-        current = log_joint(0.0)
-        return next((0.5**h for h in range(LINE_SEARCH_HALVINGS + 1)
-                     if bool(log_joint(0.5**h) >= current)), 0.0)
+        """The step size along f_new − f (:func:`newton_step_size`; Ψ costs no K-product)."""
+        return newton_step_size(
+            lambda alpha: self._log_joint(y, m, f + alpha * (f_new - f), v + alpha * (v_new - v)),
+            float((f_new - f).abs().max()), self.max_step)
 
     def regression_problem(self, x: Tensor, y: Tensor, f: Tensor,
                            K_matmul: Callable[[Tensor], Tensor] | None = None
@@ -371,14 +376,6 @@ class IterNCGP(KernelLearningMixin, Method):
                 f"recycling={self.recycling}, stopping={self.stopping}")
 
 
-def _relative_change(g_next: Tensor, g: Tensor) -> float:
-    """‖g_{i+1} − g_i‖ / ‖g_{i+1}‖ (0 when both vanish)."""
-    num, den = float((g_next - g).norm()), float(g_next.norm())
-    if num == 0:
-        return 0.0
-    return num / den if den > 0 else float("inf")
-
-
 def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: int | None = None,
                    init: tuple[Tensor, Tensor] | None = None, policy: str = "auto",
                    max_iterations: int = 5, max_newton_steps: int = 100,
@@ -386,7 +383,8 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
                    recycle: bool = True, compression_rank: int | None = None,
                    kernel: str = "matern32", ard: bool = False, lengthscale: Any = None,
                    outputscale: Any = None, shared_kernel: bool = True,
-                   prior_mean: float = 0.0, line_search: bool = True, probs: str = "probit",
+                   prior_mean: float = 0.0, line_search: bool = True,
+                   max_step: float | None = MAX_STEP, probs: str = "probit",
                    num_samples: int = 1000, seed: int = 0, chunk_size: int | None = None,
                    backend: str = "auto", learn_kernel: bool = True, kernel_rounds: int = 10,
                    kernel_steps: int = 10, evidence_rank: int | None = None,
@@ -415,7 +413,8 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
         shared_kernel: one kernel for all C latent GPs, else a batch of C kernels (the SVGP
             pre-fit then keeps its per-class values; given values may be per-class lists).
         prior_mean: constant prior mean.
-        line_search: backtracking on Ψ along each Newton step (see :class:`IterNCGP`).
+        line_search, max_step: backtracking on Ψ along each Newton step, from a step that moves
+            no latent value by more than ``max_step`` (see :class:`IterNCGP`).
         probs, num_samples: class probabilities by ``"probit"`` or ``"mc"``
             (:class:`~gpscale.methods._iterncgp_setup.PredictiveOptions`).
         seed: seeds the ``chol`` order, the pre-fit and Monte Carlo probabilities.
@@ -457,14 +456,14 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
         compression_rank=compression_rank, kernel=kernel, ard=ard,
         lengthscale=prior.lengthscale, outputscale=prior.outputscale,
         shared_kernel=shared_kernel, prior_mean=prior_mean, line_search=line_search,
-        probs=probs, num_samples=num_samples, seed=seed, chunk_size=chunk_size,
+        max_step=max_step, probs=probs, num_samples=num_samples, seed=seed, chunk_size=chunk_size,
         backend=backend, learn_kernel=learn_kernel, kernel_rounds=kernel_rounds,
         kernel_steps=kernel_steps, evidence_rank=evidence_rank, kernel_rtol=kernel_rtol,
         kernel_objective=kernel_objective, learn_points=learn_points, inference=inference,
         vi_steps=vi_steps, vi_samples=vi_samples, **prior.prefit_options)
     model = IterNCGP(prior.kernel, prior.likelihood, POLICIES[policy](seed), recycling,
                      stopping, predictive, prior_mean=prior_mean, line_search=line_search,
-                     kernel_learning=learning, variational=variational,
+                     max_step=max_step, kernel_learning=learning, variational=variational,
                      chunk_size=chunk_size, backend=backend,
                      options=options)
     return model if init is None else model.to(device=init[0].device, dtype=init[0].dtype)
@@ -491,6 +490,8 @@ register(MethodSpec(
                "none: no compression", minimum=1),
         *LAPLACE_PRIOR_OPTIONS,
         Option("line_search", "bool", True, "backtracking line search on each Newton step"),
+        Option("max_step", "float", MAX_STEP, "trust radius of a Newton step: the largest "
+               "change of a latent value (logit, log-rate); none: unbounded", minimum=0),
         *KERNEL_LEARNING_OPTIONS,
         *VARIATIONAL_OPTIONS,
         *KERNEL_PRODUCT_OPTIONS,
