@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import math
 
 import pytest
+import torch
 
 from gpscale.benchmarks import iterncgp
 from gpscale.benchmarks.registry import SUITES
@@ -120,3 +122,30 @@ def test_mnist_paper_runs_compare_with_svgp_frozen_at_the_paper_kernel(monkeypat
     assert spec.max_time == pytest.approx(budget)  # the paper's 200 s, or IterNCGP's if longer
     assert spec.options["learn_kernel"] is False and spec.options["mean_constant"] == 0.0
     assert {k: spec.options[k] for k in iterncgp.MNIST_PAPER} == iterncgp.MNIST_PAPER
+
+
+def test_poisson_learning_part_lands_near_the_dense_laplace_maximiser(tmp_path):
+    """Two draws with the defaults: the learned ℓ within 10 % and s within 25 % of the dense
+    Laplace-evidence maximiser on the same counts (the defaults maximise the variational
+    bound, not the Laplace evidence, so the two need not coincide), one row per draw."""
+    rows = iterncgp.run(tmp_path, quick=True, datasets=("poisson-learning",))
+    assert [r["setting"] for r in rows] == ["draw 0", "draw 1"]
+    for r in rows:
+        assert r["lengthscale"] == pytest.approx(r["dense_lengthscale"], rel=0.10)
+        assert r["outputscale"] == pytest.approx(r["dense_outputscale"], rel=0.25)
+        assert r["mean_f2"] > 0
+    assert "dense_lengthscale" in (tmp_path / "report.md").read_text()
+
+
+def test_dense_laplace_evidence_of_one_large_count_matches_quadrature():
+    """One datum y = 30 under f ~ N(0, s): the evidence is a 1-D integral, and at a count this
+    large the posterior of f is nearly Gaussian, so the Laplace value is within 0.01 of it."""
+    x = torch.zeros(1, 1, dtype=torch.float64)
+    y = torch.tensor([30.0], dtype=torch.float64)
+    s = 4.0
+    f = torch.linspace(-12, 12, 200_001, dtype=torch.float64)
+    log_joint = (y * f - f.exp() - torch.lgamma(y + 1) - 0.5 * f**2 / s
+                 - 0.5 * math.log(2 * math.pi * s))
+    exact = float(torch.logsumexp(log_joint, 0) + math.log(float(f[1] - f[0])))
+    laplace = iterncgp.laplace_log_evidence(x, y, 1.0, s)
+    assert laplace == pytest.approx(exact, abs=0.01)  # large counts: the posterior is ~Gaussian

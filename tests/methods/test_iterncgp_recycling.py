@@ -11,13 +11,13 @@ import torch
 
 from gpscale.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, Softmax
 from gpscale.methods import build
+from gpscale.methods._iterncgp_newton import newton_step_size
 from gpscale.methods._iterncgp_setup import probit_softmax_probs, softmax_probs_joint
 from gpscale.methods._iterncgp_solver import (
     Belief,
     RegressionProblem,
     empty_belief,
     itergp,
-    newton_step_size,
     solve,
     virtual_solver_run,
 )

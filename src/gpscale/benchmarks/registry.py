@@ -37,7 +37,8 @@ SUITES: dict[str, Suite] = {
               "CaGP paper Table 1 at CPU scale: CaGP-Opt vs SGPR/SVGP (m=1024); memory vs n"),
         Suite("iterncgp", "gpscale.benchmarks.iterncgp",
               "IterNCGP vs SoD-Laplace and SVGP: 10-class mixture (N=20k), MNIST 8k, Poisson "
-              "schedules, memory at N*C=1e6 (parts: mixture, mnist, poisson, memory)"),
+              "schedules and kernel learning over 20 draws, memory at N*C=1e6 (parts: "
+              "mixture, mnist, poisson, poisson-learning, memory)"),
         Suite("ski", "gpscale.benchmarks.ski",
               "GGP vs SKI per-iteration time and memory, n = 1e4..1e7 (paper 002 Table 1)"),
         Suite("solvegp", "gpscale.benchmarks.solvegp",

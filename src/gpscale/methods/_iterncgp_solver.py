@@ -33,11 +33,8 @@ from gpscale.linalg.solvers.base import SolverStep
 __all__ = [
     "Belief", "IterNCGPState", "IterativeResidualPolicy", "NewtonStep", "Recycling",
     "RegressionProblem", "Stopping",
-    "empty_belief", "itergp", "newton_step_size", "residual", "solve", "virtual_solver_run",
+    "empty_belief", "itergp", "residual", "solve", "virtual_solver_run",
 ]
-
-LINE_SEARCH_HALVINGS = 10
-"""The line search tries α = α₀, α₀/2, …, α₀ 2^{−10} before it rejects a Newton step."""
 
 Matmul = Callable[[Tensor], Tensor]
 STOP_REASONS = ("tolerance", "max_iterations", "full_rank", "policy", "eta")
@@ -383,39 +380,6 @@ class PreconditionedResidualPolicy:
 
     def __call__(self, step: SolverStep) -> Tensor:
         raise TypeError("PreconditionedResidualPolicy needs the regression problem: bind() it")
-
-
-def newton_step_size(log_joint: Callable[[float], Tensor], largest_change: float,
-                     max_step: float | None = None) -> float:
-    """Backtracking step size along a Newton step Δf (a safeguard Alg. 1 does not have).
-
-    Tries α = α₀ 2^{−h}, h = 0 … :data:`LINE_SEARCH_HALVINGS`, and returns the first with
-    Ψ(f + α Δf) ≥ Ψ(f) (NaN counts as worse), else 0 (the step is rejected). α₀ = 1, or
-    ``max_step`` / ‖Δf‖∞ when the full step would move some latent value by more than
-    ``max_step`` (a trust radius in latent units: logits, log-rates). A truncated solve far from
-    the mode can propose a step that raises Ψ yet saturates many points; the next Newton
-    problem's W⁻¹ is then astronomically large on them and the solves stall (gmm10 at n = 20k,
-    j ≤ 15, BENCHMARKS.md).
-
-    Args:
-        log_joint: α ↦ Ψ(f + α Δf).
-        largest_change: ‖Δf‖∞.
-        max_step: the trust radius, or ``None`` for none.
-    """
-    top = 1.0
-    if max_step is not None and largest_change > max_step:
-        top = max_step / largest_change
-    current = log_joint(0.0)
-    return next((top * 0.5**h for h in range(LINE_SEARCH_HALVINGS + 1)
-                 if bool(log_joint(top * 0.5**h) >= current)), 0.0)
-
-
-def _relative_change(g_next: Tensor, g: Tensor) -> float:
-    """‖g_{i+1} − g_i‖ / ‖g_{i+1}‖ (0 when both vanish)."""
-    num, den = float((g_next - g).norm()), float(g_next.norm())
-    if num == 0:
-        return 0.0
-    return num / den if den > 0 else float("inf")
 
 
 def _eps(t: Tensor) -> float:

@@ -82,6 +82,13 @@ from gpscale.likelihoods import Likelihood, Softmax
 from gpscale.linalg.policies.unit_vector import UnitVectorPolicy
 from gpscale.methods._iterncgp_evidence import KERNEL_LEARNING_OPTIONS, KernelLearning
 from gpscale.methods._iterncgp_learning import KernelLearningMixin
+from gpscale.methods._iterncgp_newton import (
+    MAX_ITERATIONS,
+    MAX_STEP,
+    NEWTON_OPTIONS,
+    newton_step_size,
+    relative_change,
+)
 from gpscale.methods._iterncgp_setup import (
     LAPLACE_PRIOR_OPTIONS,
     PREFIT_OPTIONS,
@@ -103,9 +110,7 @@ from gpscale.methods._iterncgp_solver import (
     Recycling,
     RegressionProblem,
     Stopping,
-    _relative_change,
     empty_belief,
-    newton_step_size,
     solve,
     virtual_solver_run,
     warn_unconverged,
@@ -123,10 +128,6 @@ __all__ = [
     "build_iterncgp", "build_sod_laplace",
 ]
 
-MAX_STEP = 4.0
-"""The factory's trust radius (latent units): a Newton step of the line search moves no logit or
-log-rate by more than this. Cold Newton at a large outputscale with j ≤ 15 otherwise saturates
-thousands of points in its first step and stalls (gmm10, n = 20k, BENCHMARKS.md)."""
 POLICIES = {
     "cg": lambda seed: IterativeResidualPolicy(),
     "pcg": lambda seed: PreconditionedResidualPolicy(),
@@ -280,7 +281,7 @@ class IterNCGP(KernelLearningMixin, Method):
             step = (self._line_search(y, m, f, v, m + belief.Kv, belief.v) if self.line_search
                     else 1.0)
             f_next, v = f + step * (m + belief.Kv - f), v + step * (belief.v - v)
-            change = _relative_change(f_next - m, f - m)
+            change = relative_change(f_next - m, f - m)
             trace.append(NewtonStep(i, belief.iteration, str(belief.stopped),
                                     float(belief.residual.norm()), change, belief.rank, step,
                                     float(self._log_joint(y, m, f_next, v))))
@@ -378,7 +379,7 @@ class IterNCGP(KernelLearningMixin, Method):
 
 def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: int | None = None,
                    init: tuple[Tensor, Tensor] | None = None, policy: str = "auto",
-                   max_iterations: int = 5, max_newton_steps: int = 100,
+                   max_iterations: int = MAX_ITERATIONS, max_newton_steps: int = 100,
                    outer_rtol: float = 0.01, atol: float = 1e-5, rtol: float = 1e-5,
                    recycle: bool = True, compression_rank: int | None = None,
                    kernel: str = "matern32", ard: bool = False, lengthscale: Any = None,
@@ -479,19 +480,8 @@ register(MethodSpec(
         Option("policy", "str", "auto", "IterGP action policy: residuals (cg), "
                "W-preconditioned residuals (pcg), unit vectors (chol); auto: pcg for more "
                "than two classes, else cg", choices=("auto", *POLICIES)),
-        Option("max_iterations", "int", 5, "IterGP iterations per Newton step", minimum=1),
-        Option("max_newton_steps", "int", 100, "most Newton steps", minimum=1),
-        Option("outer_rtol", "float", 0.01, "Newton stops at this relative change (0: run "
-               "max_newton_steps)", minimum=0),
-        Option("atol", "float", 1e-5, "inner solve absolute tolerance", minimum=0),
-        Option("rtol", "float", 1e-5, "inner solve relative tolerance", minimum=0),
-        Option("recycle", "bool", True, "recycle actions across Newton steps"),
-        Option("compression_rank", "int", None, "compress recycled actions to this rank; "
-               "none: no compression", minimum=1),
+        *NEWTON_OPTIONS,
         *LAPLACE_PRIOR_OPTIONS,
-        Option("line_search", "bool", True, "backtracking line search on each Newton step"),
-        Option("max_step", "float", MAX_STEP, "trust radius of a Newton step: the largest "
-               "change of a latent value (logit, log-rate); none: unbounded", minimum=0),
         *KERNEL_LEARNING_OPTIONS,
         *VARIATIONAL_OPTIONS,
         *KERNEL_PRODUCT_OPTIONS,

@@ -20,7 +20,7 @@ Kinds:
 =========  ============================================================================
 
 An option whose default is ``None`` (``nullable``) also takes ``None`` (text ``none``/``null``),
-meaning "choose from the data".
+meaning "choose from the data"; one with ``allow_none`` takes it to switch a bound off.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class Option:
         exclusive: the minimum itself is invalid (``rtol > 0``).
         hidden: set when a saved model is rebuilt (e.g. the number of training points), not
             listed for users.
+        allow_none: ``none`` is valid although the default is not (it switches a bound off).
     """
 
     name: str
@@ -75,6 +76,7 @@ class Option:
     minimum: float | None = None
     exclusive: bool = False
     hidden: bool = False
+    allow_none: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -82,7 +84,7 @@ class Option:
 
     @property
     def nullable(self) -> bool:
-        return self.default is None
+        return self.default is None or self.allow_none
 
     def type_text(self) -> str:
         text = self.kind if self.choices is None else "{" + ",".join(self.choices) + "}"
