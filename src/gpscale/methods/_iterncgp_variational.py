@@ -220,7 +220,7 @@ def _elbo(lik, y, f, v, Kv, Q, KQ, prior_diag, variational) -> tuple[float, Tens
     """(ELBO / n, ḡ, W̄) of q = N(f, K − K Q Qᵀ K)."""
     cov = training_covariance(prior_diag, KQ)
     expected, g, W = expected_terms(lik, y, f, cov, variational)
-    elbo = float(expected - kl_divergence(v, Kv, Q, KQ)) / f.shape[-1]
+    elbo = float((expected - kl_divergence(v, Kv, Q, KQ)).detach()) / f.shape[-1]
     return elbo, g, W
 
 
