@@ -391,6 +391,29 @@ def test_refinement_that_runs_out_of_steps_warns_naming_the_change():
     assert sum(r.category is ConvergenceWarning for r in record) == 1  # the final state only
 
 
+def test_refinement_without_an_improving_step_is_no_convergence(monkeypatch):
+    """When no step size raises the ELBO the refinement stops, and that stop is no evidence of
+    convergence: a Newton state that had not converged stays unconverged and ``condition``
+    warns (such a stop once returned a poor posterior as converged, silently)."""
+    from gpscale.methods import _iterncgp_variational as variational
+
+    lik, x, y, kernel = _problem("bernoulli", n=30)
+    model = _full_rank_model(lik, kernel, 30)
+    model.stopping = Stopping(outer_rtol=1e-12, max_newton_steps=1, max_iterations=60)
+    real, values = variational._elbo, []
+
+    def every_step_worse(*args):
+        elbo, g, W = real(*args)
+        values.append(elbo)
+        return (elbo if len(values) == 1 else elbo - 1.0), g, W  # the start, then only losses
+
+    monkeypatch.setattr(variational, "_elbo", every_step_worse)
+    with pytest.warns(ConvergenceWarning, match=r"changed by [0-9.e+-]+ \(relative\)"):
+        state = model.condition(x, y)
+    assert not state.converged and len(state.trace) == 1  # Newton's one step, none refined
+    assert len(values) == 1 + variational.DAMPING_HALVINGS + 1  # every step size was tried
+
+
 def test_kernel_rounds_on_a_subset_then_condition_on_all_points(monkeypatch):
     """``learn_points``: the rounds see a seeded random subset (the θ they reach is the θ of
     learning on that subset alone), the final state conditions on every point; by default the
