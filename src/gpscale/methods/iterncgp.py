@@ -159,7 +159,7 @@ class IterNCGP(KernelLearningMixin, Method):
         line_search: backtrack along each Newton step until Ψ does not decrease (a safeguard
             the paper does not use; ``False`` takes the full steps of Alg. 1).
         max_step: with the line search, the trust radius: a step moves no latent value by more
-            than this (:func:`~gpscale.methods._iterncgp_solver.newton_step_size`); ``None``
+            than this (:func:`~gpscale.methods._iterncgp_newton.newton_step_size`); ``None``
             (here the default; the factory's is :data:`MAX_STEP`) bounds nothing.
         chunk_size, backend: of the kernel products (:func:`~gpscale.kernels.kernel_matmul`).
         options: resolved factory options (stored as ``self.options``).
