@@ -18,7 +18,10 @@ Backends of ``kernel_matmul`` (all compute the same numbers up to rounding):
 | `native`   | as `fused`, CPU                  | C row kernels (:mod:`gpscale.linalg.native`) |
 
 `native` covers the block-sparse products of CaGP-Opt (``kernel_block_sparse_matmul``, and the
-rectangular one without gradients); for dense right-hand sides it runs `compiled`.
+rectangular one without gradients) and, where nothing needs a gradient, the dense product
+(:func:`gpscale.linalg.native.dense_product`: C-filled tiles multiplied by torch's GEMM, each
+off-diagonal tile of K(x, x) used for its rows and its columns); with gradients it runs
+`compiled`.
 
 ``backend='auto'`` resolves by :func:`select_backend`'s rule.
 """
@@ -32,7 +35,7 @@ import gpytorch
 import torch
 from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
 
-from gpscale.linalg import fused, native
+from gpscale.linalg import fused, keops, native
 from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk_size
 from gpscale.linalg.operators.block_sparse import BlockSparseActions, symmetric_kernel_product
 from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
@@ -172,10 +175,11 @@ def select_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str = "auto"
     """The backend ``kernel_matmul`` uses; resolves ``'auto'`` by a fixed rule.
 
     Rule for ``'auto'``: 'eager' when :func:`kernel_hyperparameters` does not recognise the
-    kernel; otherwise on CUDA 'keops' when pykeops is installed, else 'compiled'; on the CPU
-    'compiled' when the product has at least :data:`AUTO_COMPILE_MIN_ENTRIES` entries, else
-    'fused' (uncompiled); on other devices 'fused'. A failing ``torch.compile`` falls back to the
-    uncompiled fused path with one warning.
+    kernel; otherwise on CUDA 'keops' when pykeops is installed, else 'compiled'; on the CPU,
+    for a product of at least :data:`AUTO_COMPILE_MIN_ENTRIES` entries, 'native' where
+    :func:`gpscale.linalg.native.available` (it runs 'compiled' when a gradient is needed), else
+    'compiled'; smaller CPU products 'fused' (uncompiled); on other devices 'fused'. A failing
+    ``torch.compile`` falls back to the uncompiled fused path with one warning.
 
     Args:
         kernel: any GPyTorch kernel.
@@ -192,7 +196,7 @@ def select_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str = "auto"
     if x1.device.type == "cuda":
         return "keops" if importlib.util.find_spec("pykeops") is not None else "compiled"
     if x1.device.type == "cpu" and x1.shape[-2] * x2.shape[-2] >= AUTO_COMPILE_MIN_ENTRIES:
-        return "compiled"
+        return "native" if native.available(x1) else "compiled"
     return "fused"
 
 
@@ -293,6 +297,23 @@ def _fused(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int, *,
 
 def _compiled(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
     return _fused(kernel, x1, x2, rhs, chunk, compiled=True)
+
+
+def _native(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
+    """:func:`gpscale.linalg.native.dense_product` per batch member where no input or
+    hyperparameter needs a gradient and the inputs are CPU float tensors; 'compiled' otherwise
+    (the native product has no adjoint). ``x1 is x2`` selects the symmetric product."""
+    hp = _require_hyperparameters(kernel, "native")
+    needs_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (x1, x2, rhs, hp.lengthscale, hp.outputscale))
+    if needs_grad or not native.available(x1) or x2.dtype != x1.dtype or rhs.dtype != x1.dtype:
+        return _compiled(kernel, x1, x2, rhs, chunk)
+    symmetric = x1 is x2
+    z1, z2, rhs3, batch = _scaled_inputs(hp, x1, x2, rhs)
+    out = torch.stack([native.dense_product(hp.profile, z2[b] if symmetric else z1[b],
+                                            None if symmetric else z2[b], rhs3[b])
+                       for b in range(rhs3.shape[0])])
+    return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
 
 
 def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
@@ -456,31 +477,16 @@ def _block_sparse_rows(kernel: Kernel, x_rows: Tensor, x: Tensor, actions: Block
                            chunk_size=chunk_size or default_chunk_size(x.shape[-2]))
 
 
-_KEOPS_PROFILES = {
-    "rbf": lambda D2: (-0.5 * D2).exp(),
-    "matern12": lambda D2: (-D2.sqrt()).exp(),
-    "matern32": lambda D2: (1 + 3**0.5 * D2.sqrt()) * (-(3**0.5) * D2.sqrt()).exp(),
-    "matern52": lambda D2: ((1 + 5**0.5 * D2.sqrt() + 5.0 / 3.0 * D2)
-                            * (-(5**0.5) * D2.sqrt()).exp()),
-}
-
-
 def _keops(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
     """pykeops reduction (KeOps tiles on its own, so ``chunk`` is unused)."""
-    if importlib.util.find_spec("pykeops") is None:
-        raise ImportError("backend='keops' needs the optional dependency pykeops: "
-                          "pip install gpscale[keops] (or use backend='compiled' or 'eager')")
-    from pykeops.torch import LazyTensor
-
     hp = _require_hyperparameters(kernel, "keops")
     z1, z2, rhs3, batch = _scaled_inputs(hp, x1, x2, rhs)
-    D2 = LazyTensor(z1[:, :, None, :]).sqdist(LazyTensor(z2[:, None, :, :]))
-    out = _KEOPS_PROFILES[hp.profile](D2) @ rhs3  # (B, n1, k)
+    out = keops.product(hp.profile, z1, z2, rhs3)  # (B, n1, k)
     return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
 
 
 _BACKENDS = {"eager": _eager, "fused": _fused, "compiled": _compiled, "keops": _keops,
-             "native": _compiled}  # no native dense product (yet): see the module docstring
+             "native": _native}
 
 
 def kernel_preconditioner(kernel: Kernel, x: torch.Tensor, *, noise: float | torch.Tensor,

@@ -2,8 +2,10 @@
 
 (a) Throughput of ``K(x, x) @ V`` (forward, no grad) for a Matérn-3/2 ARD kernel with output
 scale, n = 20,000, d = 8, 64 right-hand sides, float32, per backend ('eager', 'fused',
-'compiled', 'keops' when pykeops is installed) and for the naive dense reference
-``kernel_matrix(kernel, x, x) @ V``. The roofline is this machine's fp32 GEMM rate measured in
+'compiled', 'native' where it builds, 'keops' when pykeops is installed), for the naive dense
+reference ``kernel_matrix(kernel, x, x) @ V``, and for ``K @ V`` with K formed beforehand
+('stored K (GEMM only)': the same product's GEMM with the kernel entries free, the bound a
+matrix-free product can approach). The roofline is this machine's fp32 GEMM rate measured in
 the same process: a kernel entry needs at least the 2d flops of its inner product (the distance
 expansion) and the 2k flops of its share of ``K @ V``, so
 
@@ -77,7 +79,7 @@ def _problem(n: int, seed: int = 0):
 
 
 def _backends() -> list[str]:
-    found = ["eager", "fused", "compiled"]
+    found = ["eager", "fused", "compiled"] + (["native"] if native.available() else [])
     return found + ["keops"] if importlib.util.find_spec("pykeops") is not None else found
 
 
@@ -90,6 +92,9 @@ def _throughput_rows(n: int, repeats: int) -> list[dict[str, Any]]:
         for name in _backends()
     }
     products["dense reference"] = lambda: kernel_matrix(kernel, x, x) @ rhs
+    with torch.no_grad():
+        stored = kernel_matrix(kernel, x, x)
+    products["stored K (GEMM only)"] = lambda: stored @ rhs  # the bound: kernel entries free
     seconds, gflops = {}, gemm_gflops()
     with torch.no_grad():
         for name, product in products.items():
