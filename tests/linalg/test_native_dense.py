@@ -95,3 +95,19 @@ def test_kernel_matmul_native_backend(same, generator):
                                rtol=1e-10, atol=1e-10)
     big = torch.zeros(3000, 3)
     assert select_backend(make_kernel("rbf", 3), big, big) == "native"
+
+
+def test_overlapping_calls_restore_the_thread_count(generator):
+    """Products running at once in several Python threads give the single-threaded answer and
+    leave the calling thread's torch thread count as it was."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = torch.get_num_threads()
+    z = torch.randn(300, 3, generator=generator, dtype=torch.float64)
+    V = torch.randn(300, 2, generator=generator, dtype=torch.float64)
+    expected = native.dense_product("matern52", z, None, V)
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda _: native.dense_product("matern52", z, None, V), range(8)))
+    for out in outs:
+        torch.testing.assert_close(out, expected, rtol=1e-13, atol=1e-13)
+    assert torch.get_num_threads() == threads

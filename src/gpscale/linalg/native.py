@@ -24,6 +24,7 @@ is False, one warning says why, and callers keep the tile path.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -278,6 +279,20 @@ def symmetric_block_sparse_product(profile: str, z: Tensor, values: Tensor, layo
     return _Symmetric.apply(z, values, profile, layout)
 
 
+@contextlib.contextmanager
+def _torch_single_threaded():
+    """torch (OpenMP and MKL) on one thread inside, the caller's thread count restored after.
+    ``torch.set_num_threads`` sets the calling thread's OpenMP count and the default of threads
+    created later, so each caller saves and restores its own: overlapping calls from several
+    Python threads leave every caller's count as it found it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> Tensor:
     """Φ(z1, z2) @ rhs, (t, k), for z1 (t, d), z2 (n, d), rhs (n, k) on the CPU; no autograd.
 
@@ -330,10 +345,7 @@ def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> T
         tasks += [(r0, spans[k:k + _TILES_PER_TASK])
                   for k in range(0, len(spans), _TILES_PER_TASK)]
     threads = _threads()
-    torch.set_num_threads(1)
-    try:
+    with _torch_single_threaded():
         _run(tasks, run, threads)
-    finally:
-        torch.set_num_threads(threads)
     outs = [out for out, _ in state.values()]
     return outs[0] if len(outs) == 1 else torch.stack(outs).sum(0)
