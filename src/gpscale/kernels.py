@@ -176,10 +176,10 @@ def select_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str = "auto"
 
     Rule for ``'auto'``: 'eager' when :func:`kernel_hyperparameters` does not recognise the
     kernel; otherwise on CUDA 'keops' when pykeops is installed, else 'compiled'; on the CPU,
-    for a product of at least :data:`AUTO_COMPILE_MIN_ENTRIES` entries, 'native' where
-    :func:`gpscale.linalg.native.available` (it runs 'compiled' when a gradient is needed), else
-    'compiled'; smaller CPU products 'fused' (uncompiled); on other devices 'fused'. A failing
-    ``torch.compile`` falls back to the uncompiled fused path with one warning.
+    for a product of at least :data:`AUTO_COMPILE_MIN_ENTRIES` entries, 'native' where it is
+    available and d ≤ :data:`~gpscale.linalg.native.DENSE_MAX_DIMS` (it runs 'compiled' when a
+    gradient is needed), else 'compiled'; smaller CPU products 'fused'; other devices 'fused'. A
+    failing ``torch.compile`` falls back to the uncompiled fused path with one warning.
 
     Args:
         kernel: any GPyTorch kernel.
@@ -196,7 +196,7 @@ def select_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str = "auto"
     if x1.device.type == "cuda":
         return "keops" if importlib.util.find_spec("pykeops") is not None else "compiled"
     if x1.device.type == "cpu" and x1.shape[-2] * x2.shape[-2] >= AUTO_COMPILE_MIN_ENTRIES:
-        return "native" if native.available(x1) else "compiled"
+        return "native" if native.suits_dense(x1) else "compiled"
     return "fused"
 
 

@@ -95,6 +95,8 @@ def test_kernel_matmul_native_backend(same, generator):
                                rtol=1e-10, atol=1e-10)
     big = torch.zeros(3000, 3)
     assert select_backend(make_kernel("rbf", 3), big, big) == "native"
+    wide = torch.zeros(3000, native.DENSE_MAX_DIMS + 1)  # distances by GEMM win there
+    assert select_backend(make_kernel("rbf", wide.shape[1]), wide, wide) == "compiled"
 
 
 def test_overlapping_calls_restore_the_thread_count(generator):
