@@ -456,11 +456,11 @@ def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
 
 def _block_sparse_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str) -> str:
     """:func:`select_backend` for the block-sparse products: on the CPU 'auto' takes 'native'
-    where :func:`gpscale.linalg.native.available` (else as ``select_backend``); 'native' where
-    it is not available runs 'compiled' (after one warning saying why)."""
+    where :func:`gpscale.linalg.native.suits_block_sparse` (else as ``select_backend``); 'native'
+    where it is not available runs 'compiled' (after one warning saying why)."""
     name = select_backend(kernel, x1, x2, backend)
     if backend == "auto" and name in ("fused", "compiled") and x1.device.type == "cpu":
-        return "native" if native.available(x1) else name
+        return "native" if native.suits_block_sparse(x1) else name
     if name == "native" and not native.available(x1):
         return "compiled"
     return name

@@ -120,6 +120,8 @@ def test_kernel_products_take_native_path_and_agree_with_tiles(generator):
     S = BlockSparseActions(torch.randn(400, generator=generator),
                            torch.randperm(400, generator=generator), num_blocks=13)
     assert _block_sparse_backend(kernel, x, x, "auto") == "native"
+    wide = torch.zeros(10, native.BLOCK_SPARSE_MAX_DIMS + 1)  # the tiles' GEMM distances win
+    assert _block_sparse_backend(make_kernel("rbf", wide.shape[1]), wide, wide, "auto") == "fused"
     results = []
     for backend in ("auto", "fused"):
         kernel.zero_grad()
