@@ -61,7 +61,8 @@ def test_float32_tiles_are_the_kernel_matrix(profile, generator, tiles):
 
 def test_empty_inputs_and_thread_count(generator):
     """No rows or no columns give zeros of the right shape; the call leaves torch's thread
-    count as it found it (the workers run torch single-threaded meanwhile)."""
+    count as it found it (the workers run torch single-threaded meanwhile); mismatched shapes
+    or dtypes are errors naming them (the C kernel would read out of bounds)."""
     threads = torch.get_num_threads()
     z, V = torch.randn(9, 2, generator=generator), torch.randn(9, 3, generator=generator)
     assert native.dense_product("rbf", z[:0], z, V).shape == (0, 3)
@@ -70,6 +71,13 @@ def test_empty_inputs_and_thread_count(generator):
     assert torch.get_num_threads() == threads
     with pytest.raises(ValueError, match="unknown profile 'cosine'"):
         native.dense_product("cosine", z, None, V)
+    with pytest.raises(ValueError, match=r"z2 \(n, d\).*got z1 \(9, 2\), z2 \(9, 3\)"):
+        native.dense_product("rbf", z, torch.randn(9, 3, generator=generator), V)
+    with pytest.raises(ValueError, match=r"rhs \(8, 3\)"):
+        native.dense_product("rbf", z, None, V[:8])
+    with pytest.raises(ValueError, match="inputs of one dtype"):
+        other = torch.float32 if z.dtype == torch.float64 else torch.float64
+        native.dense_product("rbf", z, None, V.to(other))
 
 
 @pytest.mark.parametrize("same", [True, False], ids=["x1 is x2", "x1 != x2"])

@@ -323,11 +323,11 @@ def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> T
     D² = 0 exactly on coincident points) and torch's GEMM multiplies each tile into ``rhs``
     while it is still in cache. Each of ``torch.get_num_threads()`` workers takes whole tiles,
     fills and multiplies them on its own core into its own output, and the outputs are summed;
-    torch runs single-threaded meanwhile
-    (a multi-threaded GEMM after each fill left the other core's OpenMP thread spinning against
-    the next fill). ``z2=None`` means the symmetric product Φ(z1, z1) @ rhs: a tile right of the
-    diagonal block of its rows serves its rows (P @ rhs) and its columns (Pᵀ @ rhs), so each
-    pair of distinct points outside the diagonal blocks is evaluated once.
+    torch runs single-threaded meanwhile (two-thread GEMMs between two-thread fills cost more
+    than the two parts apart, presumably MKL's OpenMP threads spinning). ``z2=None`` means the
+    symmetric product Φ(z1, z1) @ rhs: a tile right of the diagonal block of its rows serves its
+    rows (P @ rhs) and its columns (Pᵀ @ rhs), so each pair of distinct points outside the
+    diagonal blocks is evaluated once.
     """
     if profile not in PROFILE_IDS:
         raise ValueError(f"unknown profile {profile!r}; expected one of {sorted(PROFILE_IDS)}")
@@ -335,6 +335,11 @@ def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> T
     if {rhs.dtype, (z1 if symmetric else z2).dtype} != {z1.dtype} or not available(z1):
         raise ValueError(f"dense_product needs CPU float32 or float64 inputs of one dtype; got "
                          f"z1 {z1.dtype} on {z1.device}, rhs {rhs.dtype}")
+    columns = z1 if symmetric else z2
+    if z1.dim() != 2 or columns.dim() != 2 or columns.shape[1] != z1.shape[1] or (
+            rhs.dim() != 2 or rhs.shape[0] != columns.shape[0]):
+        raise ValueError(f"dense_product needs z1 (t, d), z2 (n, d) and rhs (n, k); got z1 "
+                         f"{tuple(z1.shape)}, z2 {tuple(columns.shape)}, rhs {tuple(rhs.shape)}")
     z1, rhs = z1.detach().contiguous(), rhs.detach().contiguous()
     z2 = z1 if symmetric else z2.detach().contiguous()
     zT, (t, d), n = z2.mT.contiguous(), z1.shape, z2.shape[0]
