@@ -12,7 +12,11 @@ import torch
 from gpscale.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, Softmax
 from gpscale.methods import build
 from gpscale.methods._iterncgp_newton import newton_step_size
-from gpscale.methods._iterncgp_setup import probit_softmax_probs, softmax_probs_joint
+from gpscale.methods._iterncgp_setup import (
+    ARD_MAX_DIMS,
+    probit_softmax_probs,
+    softmax_probs_joint,
+)
 from gpscale.methods._iterncgp_solver import (
     Belief,
     RegressionProblem,
@@ -469,15 +473,37 @@ def test_harness_prefits_hyperparameters_with_svgp(generator):
     y = (x[:, 0] > 0.5).long()
     with pytest.raises(ValueError, match="pass lengthscale and outputscale.*SVGP pre-fit"):
         build("iterncgp", 2, task="classification", init=(x, y))
-    model = _prefit_build(x, y, prefit_steps=5, prefit_num_inducing=8, policy="chol")
+    model = _prefit_build(x, y, prefit_steps=5, prefit_num_inducing=8, policy="chol",
+                          ard=False)
     ls, os_ = model.options["lengthscale"], model.options["outputscale"]
     assert isinstance(ls, float) and isinstance(os_, float) and ls > 0 and os_ > 0
     assert ls != pytest.approx(math.sqrt(2)) or os_ != pytest.approx(1.0)  # moved off SVGP init
+    # the default (ard=None) at d = 2 ≤ ARD_MAX_DIMS: one pre-fitted lengthscale per input
+    ard = _prefit_build(x, y, prefit_steps=5, prefit_num_inducing=8)
+    assert ard.options["ard"] is True and len(ard.options["lengthscale"]) == 2
+    assert all(v > 0 for v in ard.options["lengthscale"])
+    assert tuple(ard.kernel.base_kernel.lengthscale.shape) == (1, 2)
     assert not any(p.requires_grad for p in model.parameters())
     assert isinstance(model.policy, UnitVectorPolicy)
     with pytest.raises(ValueError, match="policy"):
         build("iterncgp", 2, task="classification", init=(x, y), policy="lanczos",
               lengthscale=1.0, outputscale=1.0)
+
+
+@pytest.mark.parametrize("key", ["iterncgp", "sod-laplace"])
+def test_ard_default_follows_the_input_dimension(key, generator):
+    """``ard=None`` (the default): one lengthscale per input up to ARD_MAX_DIMS inputs, one for
+    all above; an explicit value wins either way."""
+    for d, expected in [(3, True), (ARD_MAX_DIMS, True), (ARD_MAX_DIMS + 1, False)]:
+        x = torch.rand(20, d, generator=generator, dtype=torch.float64)
+        y = (x[:, 0] > 0.5).long()
+        model = build(key, d, task="classification", init=(x, y), lengthscale=1.0,
+                      outputscale=1.0)
+        shape = tuple(model.kernel.base_kernel.lengthscale.shape)
+        assert model.options["ard"] is expected and shape == ((1, d) if expected else (1, 1))
+        forced = build(key, d, task="classification", init=(x, y), lengthscale=1.0,
+                       outputscale=1.0, ard=not expected)
+        assert forced.options["ard"] is (not expected)
 
 
 def test_factory_one_kernel_per_class(generator):

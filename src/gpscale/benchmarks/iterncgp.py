@@ -131,10 +131,12 @@ def _iterncgp_curve(data, options: dict[str, Any], budget: float | None,
 
 def _build(key: str, data, train, options: dict[str, Any], dtype: torch.dtype):
     """The method through the training harness (the SVGP pre-fit of a missing kernel runs
-    there, timed with the build, under the caller's RNG as before)."""
+    there, timed with the build, under the caller's RNG as before). One lengthscale unless a
+    run says otherwise: the paper's protocol, and what these rows measured before ``ard``'s
+    default became ``None`` (one per input up to 64 inputs)."""
     config = FitConfig(dtype=str(dtype).removeprefix("torch."))
     return build_method(key, train, task=data.task, num_classes=data.num_classes,
-                        options=options, config=config, seed=None)
+                        options={"ard": False, **options}, config=config, seed=None)
 
 
 def _sod(data, options: dict[str, Any], dtype: torch.dtype = torch.float64) -> dict[str, Any]:

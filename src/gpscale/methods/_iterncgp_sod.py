@@ -192,7 +192,7 @@ def _dense_K_hat(K: Tensor, lik: Likelihood, f: Tensor, block: int = 512) -> Ten
 def build_sod_laplace(num_dims: int, *, task: str = "classification",
                       num_classes: int | None = None, init: tuple[Tensor, Tensor] | None = None,
                       num_subset: int = 1000, max_newton_steps: int = 100,
-                      outer_rtol: float = 0.01, kernel: str = "matern32", ard: bool = False,
+                      outer_rtol: float = 0.01, kernel: str = "matern32", ard: bool | None = None,
                       lengthscale: Any = None, outputscale: Any = None,
                       shared_kernel: bool = True, prior_mean: float = 0.0,
                       probs: str = "probit", num_samples: int = 1000, seed: int = 0,
@@ -209,7 +209,7 @@ def build_sod_laplace(num_dims: int, *, task: str = "classification",
                         prefit_lr=prefit_lr, prefit_batch_size=prefit_batch_size)
     options = resolve_options(
         num_subset=num_subset, max_newton_steps=max_newton_steps, outer_rtol=outer_rtol,
-        kernel=kernel, ard=ard, lengthscale=prior.lengthscale, outputscale=prior.outputscale,
+        kernel=kernel, ard=prior.ard, lengthscale=prior.lengthscale, outputscale=prior.outputscale,
         shared_kernel=shared_kernel, prior_mean=prior_mean, probs=probs,
         num_samples=num_samples, seed=seed, **prior.prefit_options)
     model = SoDLaplace(prior.kernel, prior.likelihood, num_subset=num_subset, seed=seed,

@@ -382,7 +382,7 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
                    max_iterations: int = MAX_ITERATIONS, max_newton_steps: int = 100,
                    outer_rtol: float = 0.01, atol: float = 1e-5, rtol: float = 1e-5,
                    recycle: bool = True, compression_rank: int | None = None,
-                   kernel: str = "matern32", ard: bool = False, lengthscale: Any = None,
+                   kernel: str = "matern32", ard: bool | None = None, lengthscale: Any = None,
                    outputscale: Any = None, shared_kernel: bool = True,
                    prior_mean: float = 0.0, line_search: bool = True,
                    max_step: float | None = MAX_STEP, probs: str = "probit",
@@ -408,7 +408,8 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
             ``cg`` (the paper's IterNCGP-CG) otherwise.
         max_iterations, max_newton_steps, outer_rtol, atol, rtol: :class:`Stopping`.
         recycle, compression_rank: :class:`Recycling` (``enabled``, ``rank``).
-        kernel, ard, lengthscale, outputscale: the fixed prior kernel; missing hyperparameters
+        kernel, ard, lengthscale, outputscale: the prior kernel (``ard=None``: one lengthscale
+            per input up to :data:`ARD_MAX_DIMS` inputs); missing hyperparameters
             come from an SVGP pre-fit on ``init`` (``prefit_*``: Adam steps, rounded up to whole
             epochs; inducing points per class; learning rate; batch size).
         shared_kernel: one kernel for all C latent GPs, else a batch of C kernels (the SVGP
@@ -454,7 +455,7 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
     options = resolve_options(
         policy=policy, max_iterations=max_iterations, max_newton_steps=max_newton_steps,
         outer_rtol=outer_rtol, atol=atol, rtol=rtol, recycle=recycle,
-        compression_rank=compression_rank, kernel=kernel, ard=ard,
+        compression_rank=compression_rank, kernel=kernel, ard=prior.ard,
         lengthscale=prior.lengthscale, outputscale=prior.outputscale,
         shared_kernel=shared_kernel, prior_mean=prior_mean, line_search=line_search,
         max_step=max_step, probs=probs, num_samples=num_samples, seed=seed, chunk_size=chunk_size,

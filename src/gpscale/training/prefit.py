@@ -35,6 +35,7 @@ from gpscale.errors import NumericalError
 from gpscale.kernels import kernel_hyperparameters
 from gpscale.methods._cagp_cg import cg_action_cap
 from gpscale.methods._common import default_size
+from gpscale.methods._iterncgp_setup import resolve_ard
 from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS
 from gpscale.methods.registry import build, get_spec
 from gpscale.training.config import METHOD_DEFAULTS, FitConfig
@@ -121,7 +122,8 @@ def fill_prefit_options(method: str, train: tuple[Tensor, Tensor], *, task: str,
                 "lengthscale": ls if opts["lengthscale"] is None else opts["lengthscale"],
                 "outputscale": os_ if opts["outputscale"] is None else opts["outputscale"]}
     ls, os_ = prefit_hyperparameters(
-        x, y, task=task, num_classes=num_classes, kernel=opts["kernel"], ard=opts["ard"],
+        x, y, task=task, num_classes=num_classes, kernel=opts["kernel"],
+        ard=resolve_ard(opts["ard"], x.shape[1]),
         per_latent=not opts["shared_kernel"], num_inducing=opts["prefit_num_inducing"],
         steps=opts["prefit_steps"], lr=opts["prefit_lr"], batch_size=opts["prefit_batch_size"],
         seed=opts["seed"])
