@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import warnings
 
 import numpy as np
 import pytest
@@ -205,3 +206,26 @@ def test_counts_error_names_the_line(tmp_path):
     with pytest.raises(ValueError, match="non-negative integers; the target column 'k' holds "
                                          "'1.5' on line 3"):
         load_csv(path, "k", task="counts")
+
+
+def test_label_like_regression_target_warns(tmp_path):
+    """A regression target of few distinct integers (0/1 labels) warns and names the task to
+    pass; class labels loaded as classification, and a continuous target, do not warn."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(40, 2))
+    labels = (x[:, 0] > 0).astype(int)
+    path = _write(tmp_path / "l.csv", [[a, b, c] for (a, b), c in zip(x, labels, strict=True)],
+                  header=["a", "b", "label"])
+    with pytest.warns(UserWarning, match=r"'label' holds only 2 distinct integer values "
+                                         r"\(0, 1\).*--task classification"):
+        data = load_csv(path, "label")
+    assert data.task == "regression"  # still loaded as asked
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_csv(path, "label", task="classification").num_classes == 2
+        smooth = _write(tmp_path / "s.csv", [[a, b, a + 0.5 * b] for a, b in x],
+                        header=["a", "b", "y"])
+        load_csv(smooth, "y")
+        many = _write(tmp_path / "m.csv", [[a, b, i % 25] for i, (a, b) in enumerate(x)],
+                      header=["a", "b", "y"])
+        load_csv(many, "y")  # 25 distinct integers: more than LABEL_LIKE_MAX

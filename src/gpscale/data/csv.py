@@ -22,6 +22,7 @@ fields. Parquet and ``.npy`` errors name rows (0-based) instead of lines.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,8 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
     x = table.numeric(path, inputs)
     y, classes = table.targets(path, col, task)
     del table  # the file's columns: x and y hold what is needed
+    if task == "regression":
+        _warn_if_labels(path, labels[col], y)
     train_idx, test_idx = random_split(num_rows, test_fraction, seed)
     if train_idx.numel() < 2:
         raise ValueError(f"{path} has {num_rows} data rows: too few for at least 2 "
@@ -157,6 +160,28 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
                                 test_idx, task=task,
                                 num_classes=len(classes) if classes else None, dtype=dtype,
                                 info=info)
+
+
+LABEL_LIKE_MAX = 10
+"""A regression target whose first :data:`LABEL_SAMPLE` values are at most this many distinct
+integers looks like class labels (or counts): :func:`load_csv` warns."""
+LABEL_SAMPLE = 100_000
+
+
+def _warn_if_labels(path: Path, name: str, y: torch.Tensor) -> None:
+    """Warn when the regression target ``y`` looks like class labels: few distinct integers
+    (the default task is regression, so 0/1 labels would otherwise be fitted as numbers)."""
+    head = y[:LABEL_SAMPLE]
+    values = torch.unique(head)
+    if head.numel() < 10 or values.numel() > LABEL_LIKE_MAX or \
+            not bool((values == values.round()).all()):
+        return
+    shown = ", ".join(f"{v:g}" for v in values.tolist())
+    where = "" if head.numel() == y.numel() else f" among its first {head.numel():,} values"
+    warnings.warn(f"{path}: the target column {name!r} holds only {values.numel()} distinct "
+                  f"integer values{where} ({shown}) and is fitted as a regression target; for "
+                  "class labels pass task='classification' (--task classification), for counts "
+                  "task='counts' (--task counts)", UserWarning, stacklevel=3)
 
 
 load_table = load_csv  # the same loader under a name that does not suggest one format
