@@ -172,9 +172,10 @@ def _warn_if_labels(path: Path, name: str, y: torch.Tensor) -> None:
     """Warn when the regression target ``y`` looks like class labels: few distinct integers
     (the default task is regression, so 0/1 labels would otherwise be fitted as numbers)."""
     head = y[:LABEL_SAMPLE]
+    if head.numel() < 10:
+        return
     values = torch.unique(head)
-    if head.numel() < 10 or values.numel() > LABEL_LIKE_MAX or \
-            not bool((values == values.round()).all()):
+    if values.numel() > LABEL_LIKE_MAX or not bool((values == values.round()).all()):
         return
     shown = ", ".join(f"{v:g}" for v in values.tolist())
     where = "" if head.numel() == y.numel() else f" among its first {head.numel():,} values"

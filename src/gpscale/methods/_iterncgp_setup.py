@@ -62,6 +62,8 @@ O(n² d) where a single lengthscale's come from held distances
 def resolve_ard(ard: bool | None, num_dims: int) -> bool:
     """``ard``, or for ``None`` whether ``num_dims`` ≤ :data:`ARD_MAX_DIMS`."""
     return num_dims <= ARD_MAX_DIMS if ard is None else bool(ard)
+
+
 LAPLACE_PRIOR_OPTIONS = (
     Option("kernel", "str", "matern32", "covariance function of the latent GPs",
            choices=KERNELS),
