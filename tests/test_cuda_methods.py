@@ -30,13 +30,16 @@ CASES = [(key, task) for key, spec in METHODS.items() for task in spec.tasks]
 OPTIONS = {"ski": {"grid_size": 32}, "ggp": {"grid_size": 32}}
 # Methods whose predictions come from an iterative solve agree across devices to about its
 # stopping tolerance only (CGGP's eval CG stops at relative residual 0.01; CaGP-CG's actions are
-# CG directions, which rounding reorders after many iterations).
-SOLVER_TOLERANCE = {"cggp": 5e-2, "cagp-cg": 5e-2, "ski": 5e-2, "ggp": 5e-2}
+# CG directions, which rounding reorders after many iterations; IterNCGP's Newton steps stop at
+# a relative change of outer_rtol = 0.01 and its variational refinement at an ELBO gain: on an
+# H200 in session 41 its float64 latent means were 1e-4 to 4e-3 from the CPU's).
+SOLVER_TOLERANCE = {"cggp": 5e-2, "cagp-cg": 5e-2, "ski": 5e-2, "ggp": 5e-2, "iterncgp": 1e-2}
 NUM_CLASSES = 3
 
 
 def _problem(task: str, generator: torch.Generator):
-    """(x, y, x_test) in float64 on the CPU: 2-D regression, 3 classes, or 1-D counts."""
+    """(x, y, x_test) in float64 on the CPU: 2-D regression, 3 classes (labels drawn from a
+    softmax of three smooth functions), or 1-D counts."""
     n, t = 400, 50
     if task == "counts":
         x = torch.rand(n + t, 1, generator=generator) * 2 - 1
@@ -47,8 +50,9 @@ def _problem(task: str, generator: torch.Generator):
         f = torch.stack([torch.sin(3 * x[:, 0]), torch.cos(3 * x[:, 1]), x[:, 0] * x[:, 1]], 1)
         if task == "regression":
             y = f[:, 0] + 0.5 * f[:, 1] + 0.1 * torch.randn(n + t, generator=generator)
-        else:
-            y = f.argmax(1)
+        else:  # drawn labels: argmax labels are separable, and kernel learning then raises
+            # the outputscale without end, a posterior no device reproduces to 1e-6
+            y = torch.multinomial(torch.softmax(3 * f, 1), 1, generator=generator)[:, 0]
     return x[:n], y[:n], x[n:]
 
 
@@ -75,7 +79,7 @@ def test_method_trains_and_predicts_on_device_like_cpu(key, task, dtype, generat
         model.cpu()
         model.eval()
         on_cpu = model.predict(model.posterior(x, y), x_test)
-    tol = SOLVER_TOLERANCE.get(key, 1e-6 if dtype == "float64" else 2e-2)
+    tol = max(SOLVER_TOLERANCE.get(key, 0.0), 1e-6 if dtype == "float64" else 2e-2)
     for name in ("mean", "variance", "probs", "rate"):
         got, want = getattr(on_device, name), getattr(on_cpu, name)
         if want is None:

@@ -11,7 +11,15 @@ from linear_operator.operators import DenseLinearOperator
 from tests.linalg._matrices import spd, spd_with_spectrum
 
 from gpscale.errors import NumericalError
-from gpscale.linalg.ops import add_jitter, as_matmul, gram, rademacher, safe_cholesky, upcast
+from gpscale.linalg.ops import (
+    add_jitter,
+    as_matmul,
+    gram,
+    psd_sqrt,
+    rademacher,
+    safe_cholesky,
+    upcast,
+)
 
 
 def test_safe_cholesky_well_conditioned_needs_no_jitter(generator):
@@ -140,3 +148,23 @@ def test_gram_value_and_gradient(generator):
     Z = torch.randn(2, 7, 3, generator=generator, requires_grad=True)
     torch.testing.assert_close(gram(Z), Z.mT @ Z, rtol=0, atol=0)
     assert torch.autograd.gradcheck(gram, (Z,))
+
+
+def test_psd_sqrt_is_the_unique_symmetric_root(generator):
+    """R = psd_sqrt(A) is symmetric, PSD and R² = A (which determine it), for full-rank,
+    rank-deficient and repeated-eigenvalue blocks; and it does not change when the eigensolver's
+    eigenvectors flip sign (the root V diag(√λ) it replaces did)."""
+    B = torch.randn(4, 3, 3, generator=generator, dtype=torch.float64)
+    v = torch.randn(3, 1, generator=generator, dtype=torch.float64)
+    A = torch.stack([*(B @ B.mT), v @ v.mT, 2.0 * torch.eye(3, dtype=torch.float64)])
+    R = psd_sqrt(A)
+    torch.testing.assert_close(R, R.mT, rtol=0, atol=1e-12)
+    torch.testing.assert_close(R @ R, A, rtol=1e-10, atol=1e-10)
+    assert torch.linalg.eigvalsh(R).min() > -1e-7
+    torch.testing.assert_close(R[-1], math.sqrt(2.0) * torch.eye(3, dtype=torch.float64))
+    evals, evecs = torch.linalg.eigh(A[0])
+    flipped = evecs * torch.tensor([-1.0, 1.0, -1.0], dtype=torch.float64)
+    old_style = [V * evals.sqrt() for V in (evecs, flipped)]
+    assert (old_style[0] - old_style[1]).abs().max() > 0.1  # the old root depends on the signs
+    torch.testing.assert_close((flipped * evals.sqrt()) @ flipped.mT, R[0], rtol=1e-10,
+                               atol=1e-12)

@@ -26,6 +26,7 @@ __all__ = [
     "add_jitter",
     "as_matmul",
     "gram",
+    "psd_sqrt",
     "rademacher",
     "safe_cholesky",
     "upcast",
@@ -90,6 +91,18 @@ def gram(Z: Float[Tensor, "*b n i"]) -> Float[Tensor, "*b i i"]:
     """ZᵀZ with a backward of one product, Z̄ = Z (Ḡ + Ḡᵀ) (autograd's ``Z.mT @ Z`` takes two
     n × i × i products, one per factor)."""
     return _Gram.apply(Z)
+
+
+def psd_sqrt(A: Float[Tensor, "*b n n"]) -> Float[Tensor, "*b n n"]:
+    """The symmetric square root V diag(√λ₊) Vᵀ of symmetric positive semi-definite blocks
+    (negative eigenvalues from rounding count as 0), so that R Rᵀ = R² = A.
+
+    Unlike V diag(√λ₊) it is unique: it does not depend on the signs (or, for a repeated
+    eigenvalue, the basis) the eigensolver picks, which differ between devices and LAPACK
+    builds. Monte Carlo draws ``mean + R ε`` with fixed ε are then the same everywhere.
+    """
+    evals, evecs = torch.linalg.eigh(A)
+    return (evecs * evals.clamp_min(0).sqrt()[..., None, :]) @ evecs.mT
 
 
 def add_jitter(A: Tensor, jitter: Tensor | float) -> Tensor:

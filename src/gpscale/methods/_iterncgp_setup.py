@@ -36,6 +36,7 @@ from gpscale.kernels import (
     make_kernel,
 )
 from gpscale.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, Softmax
+from gpscale.linalg.ops import psd_sqrt
 from gpscale.methods._held_distances import held_distance_matmul
 from gpscale.methods.base import probit_binary_probs
 from gpscale.methods.options import Option
@@ -179,8 +180,7 @@ def softmax_probs_joint(mean: Tensor, covariance: Tensor, options: PredictiveOpt
         var = (covariance.diagonal(dim1=-2, dim2=-1) - 2 * covariance.mean(-1)
                + covariance.mean((-2, -1))[..., None])
         return probit_softmax_probs(centred, var.clamp_min(0))
-    evals, evecs = torch.linalg.eigh(covariance)
-    root = evecs * evals.clamp_min(0).sqrt()[..., None, :]  # root rootᵀ = Σ (t, C, C)
+    root = psd_sqrt(covariance)  # root rootᵀ = Σ (t, C, C), the same on any device
     generator = torch.Generator().manual_seed(options.seed)  # CPU draws: equal on any device
     eps = torch.randn((options.num_samples, *mean.shape), generator=generator,
                       dtype=mean.dtype).to(mean.device)

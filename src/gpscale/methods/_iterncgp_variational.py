@@ -41,7 +41,7 @@ from torch import Tensor
 
 from gpscale.errors import NumericalError
 from gpscale.likelihoods import Likelihood
-from gpscale.linalg.ops import upcast
+from gpscale.linalg.ops import psd_sqrt, upcast
 from gpscale.methods._iterncgp_solver import (
     Belief,
     IterNCGPState,
@@ -173,11 +173,11 @@ def _draws(lik: Likelihood, n: int, variational: Variational, like: Tensor):
 
 
 def _root(cov: Tensor) -> Tensor:
-    """R with R Rᵀ = cov for (n, L, L) blocks (eigenvalues clamped at 0; no gradient)."""
+    """R with R Rᵀ = cov for (n, L, L) blocks: the symmetric root (eigenvalues clamped at 0;
+    no gradient)."""
     if cov.shape[-1] == 1:
         return cov.clamp_min(0).sqrt()
-    evals, evecs = torch.linalg.eigh(cov)
-    return evecs * evals.clamp_min(0).sqrt()[..., None, :]
+    return psd_sqrt(cov)  # unique: the same draws on any device
 
 
 def expected_terms(lik: Likelihood, y: Tensor, mean: Tensor, cov: Tensor,
