@@ -135,7 +135,9 @@ class SoDLaplace(Method):
             change = float((f_next - f).norm()) / max(float((f_next - mean).norm()), 1e-300)
             f, converged = f_next, change <= self.stopping.outer_rtol
         blocks = torch.stack([  # [K̂⁻¹]_ll = E_lᵀ K̂⁻¹ E_l, E_l latent l's identity columns
-            _inv_congruence(factor, _identity_columns(L * m, l * m, m, f)) for l in range(L)])
+            self.cholesky.inv_congruence(factor, _identity_columns(L * m, l * m, m, f),
+                                         dtype=factor.L.dtype)  # float32 blocks cancel below
+            for l in range(L)])
         return SoDLaplaceState(xs, ys, index, f, v, factor, blocks, steps, converged)
 
     def loss(self, state: SoDLaplaceState) -> Tensor:
@@ -155,19 +157,12 @@ class SoDLaplace(Method):
             Ks = self.latent_kernel.dense(xc, state.x)  # (L, t, m)
             mean = self.prior_mean + torch.einsum("ltm,lm->lt", Ks, state.v)
             P = state.precision_blocks  # in the factor's dtype: kᵀ P k cancels against k(x, x)
-            K64 = Ks.to(P.dtype)
-            quad = torch.einsum("ltm,lmk,ltk->lt", K64, P, K64)
+            Kp = Ks.to(P.dtype)
+            quad = torch.einsum("ltm,lmk,ltk->lt", Kp, P, Kp)
             var = (self.latent_kernel.diag(xc).to(P.dtype) - quad).to(Ks.dtype)
             return latent_predictive(self.likelihood, mean, var.clamp_min(0), self.predictive)
 
         return predict_in_chunks(chunk, x_test, chunk_size)
-
-
-def _inv_congruence(factor: CholeskyState, B: Tensor) -> Tensor:
-    """Bᵀ K̂⁻¹ B in the factor's dtype (float64 by default; the solver's own method would round
-    it to the data's dtype, and float32 blocks lose the predictive variance to cancellation)."""
-    W = torch.linalg.solve_triangular(factor.L, B.to(factor.L.dtype), upper=False)
-    return W.mT @ W
 
 
 def _identity_columns(N: int, start: int, cols: int, like: Tensor) -> Tensor:

@@ -47,6 +47,12 @@ def test_float32_input_factorised_in_float64(generator):
     assert x.dtype == torch.float32
     expected = torch.linalg.solve(A.float().double(), b.float().double())
     torch.testing.assert_close(x.double(), expected, rtol=1e-6, atol=1e-6)
+    B = torch.randn(20, 3, generator=generator).float()
+    want = B.double().mT @ torch.linalg.solve(A.float().double(), B.double())
+    assert solver.inv_congruence(state, B).dtype == torch.float32
+    kept = solver.inv_congruence(state, B, dtype=torch.float64)  # the factor's, unrounded
+    assert kept.dtype == torch.float64
+    torch.testing.assert_close(kept, want, rtol=1e-10, atol=1e-10)
 
 
 def test_linear_operator_input(generator):

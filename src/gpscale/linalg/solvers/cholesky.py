@@ -81,7 +81,9 @@ class Cholesky:
         quad = self._half_solve(state, b2).square().sum(-2).to(state.dtype)  # (k,)
         return quad.squeeze(-1) if b.dim() == 1 else quad
 
-    def inv_congruence(self, state: CholeskyState, B: Tensor) -> Tensor:
-        """``Bᵀ A⁻¹ B = (L⁻¹ B)ᵀ (L⁻¹ B)`` (k, k)."""
+    def inv_congruence(self, state: CholeskyState, B: Tensor, *,
+                       dtype: torch.dtype | None = None) -> Tensor:
+        """``Bᵀ A⁻¹ B = (L⁻¹ B)ᵀ (L⁻¹ B)`` (k, k), in ``dtype`` (default: that of ``A``; pass
+        the factor's where the result meets a cancellation, as k − kᵀ A⁻¹ k does)."""
         W = self._half_solve(state, B)  # (n, k)
-        return (W.mT @ W).to(state.dtype)
+        return (W.mT @ W).to(dtype or state.dtype)
