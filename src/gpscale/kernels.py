@@ -19,8 +19,8 @@ Backends of ``kernel_matmul`` (all compute the same numbers up to rounding):
 
 `native` covers the block-sparse products of CaGP-Opt (``kernel_block_sparse_matmul``, and the
 rectangular one without gradients) and, where nothing needs a gradient, the dense product
-(:func:`gpscale.linalg.native.dense_product`: C-filled tiles multiplied by torch's GEMM, each
-off-diagonal tile of K(x, x) used for its rows and its columns); with gradients it runs
+(:func:`gpscale.linalg.native.dense_product`: C panels of kernel values multiplied at once by
+vector micro-kernels, each off-diagonal tile of K(x, x) used for its rows and its columns); with gradients it runs
 `compiled`.
 
 ``backend='auto'`` resolves by :func:`select_backend`'s rule.

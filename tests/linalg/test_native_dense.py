@@ -1,4 +1,5 @@
-"""The native dense product Φ(z1, z2) V (C-filled tiles, torch's GEMM) against dense references."""
+"""The native dense product Φ(z1, z2) V (C panels and vector micro-kernels) against dense
+references."""
 
 from __future__ import annotations
 
@@ -19,23 +20,27 @@ def _dense(profile, z1, z2):
 
 @pytest.fixture(params=["one tile", "small tiles"])
 def tiles(request, monkeypatch):
-    """'small tiles' shrinks the tiles and the tasks so that a small problem has many row
-    blocks, diagonal blocks, mirrored tiles, ragged edges and more tasks than threads."""
+    """'small tiles' shrinks the tasks and the column spans so that a small problem has many
+    rounds, diagonal tiles, mirrored tiles, ragged edges and more tasks than threads, and its
+    rectangular products split rows rather than columns."""
     if request.param == "small tiles":
-        monkeypatch.setattr(native, "DENSE_TILE", (12, 5))
-        monkeypatch.setattr(native, "_TILES_PER_TASK", 2)
+        monkeypatch.setattr(native, "_ROWS_PER_TASK", 2)
+        monkeypatch.setattr(native, "_SPAN_BYTES", 40)
     return request.param
 
 
-# d = 10 takes the generic distance loop, d = 1 and 3 the unrolled ones.
+# d = 10 takes the generic distance loop, d = 1 and 3 the unrolled ones; n = 300 has more than
+# one 256-column chunk. k = 1 takes the scalar-column loops; 3 and 37 are padded to the vector
+# width, and 37 has a full pass of vectors and a shorter one on every CPU.
 @pytest.mark.parametrize("profile", list(DENSE))
-@pytest.mark.parametrize(("t", "n", "d"), [(37, 61, 3), (61, 61, 1), (23, 40, 10)])
-def test_rectangular_and_symmetric_products_match_dense_float64(profile, t, n, d, generator,
+@pytest.mark.parametrize(("t", "n", "d", "k"), [(37, 61, 3, 4), (61, 61, 1, 1), (23, 40, 10, 37),
+                                                (13, 300, 2, 3)])
+def test_rectangular_and_symmetric_products_match_dense_float64(profile, t, n, d, k, generator,
                                                                   tiles):
     """Φ(z1, z2) V and Φ(z, z) V equal the dense float64 products to rounding."""
     z = 0.7 * torch.randn(n, d, generator=generator, dtype=torch.float64)
     z1 = 0.7 * torch.randn(t, d, generator=generator, dtype=torch.float64)
-    V = torch.randn(n, 4, generator=generator, dtype=torch.float64)
+    V = torch.randn(n, k, generator=generator, dtype=torch.float64)
     torch.testing.assert_close(native.dense_product(profile, z1, z, V), _dense(profile, z1, z) @ V,
                                rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(native.dense_product(profile, z, None, V), _dense(profile, z, z) @ V,
@@ -60,13 +65,14 @@ def test_float32_tiles_are_the_kernel_matrix(profile, generator, tiles):
 
 
 def test_empty_inputs_and_thread_count(generator):
-    """No rows or no columns give zeros of the right shape; the call leaves torch's thread
-    count as it found it (the workers run torch single-threaded meanwhile); mismatched shapes
-    or dtypes are errors naming them (the C kernel would read out of bounds)."""
+    """No rows, columns or right-hand sides give zeros of the right shape; the call leaves
+    torch's thread count as it found it; mismatched shapes or dtypes are errors naming them
+    (the C kernel would read out of bounds)."""
     threads = torch.get_num_threads()
     z, V = torch.randn(9, 2, generator=generator), torch.randn(9, 3, generator=generator)
     assert native.dense_product("rbf", z[:0], z, V).shape == (0, 3)
     assert native.dense_product("rbf", z, z[:0], V[:0]).abs().sum() == 0
+    assert native.dense_product("rbf", z, None, V[:, :0]).shape == (9, 0)
     native.dense_product("rbf", z, None, V)
     assert torch.get_num_threads() == threads
     with pytest.raises(ValueError, match="unknown profile 'cosine'"):

@@ -1,5 +1,5 @@
 """Native CPU kernels: the block-sparse kernel product (CaGP-Opt's K S and its adjoint) and the
-tiles of the dense product K V (:func:`dense_product`).
+dense product K V (:func:`dense_product`).
 
 The tile path (:func:`gpscale.linalg.operators.block_sparse.symmetric_kernel_product`) forms
 each tile's kernel entries through ``torch`` operations: the backward pass evaluates every tile
@@ -24,7 +24,6 @@ is False, one warning says why, and callers keep the tile path.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import logging
@@ -42,7 +41,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["BLOCK_SPARSE_MAX_DIMS", "DENSE_MAX_DIMS", "DENSE_TILE", "PROFILE_IDS", "available",
+__all__ = ["BLOCK_SPARSE_MAX_DIMS", "DENSE_MAX_DIMS", "PROFILE_IDS", "available",
            "block_sparse_forward", "dense_product", "suits_block_sparse", "suits_dense",
            "symmetric_block_sparse_product", "symmetric_rounds"]
 
@@ -57,22 +56,21 @@ _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fas
 _TYPES = {torch.float32: ("float", "f32", "exp_nonpositive_f32", "sqrtf"),
           torch.float64: ("double", "f64", "exp_nonpositive_f64", "sqrt")}
 _ROWS_PER_TASK = 256  # rows per thread-pool task (dynamic balance on a shared machine)
-DENSE_TILE = (2048, 256)
-"""Rows and columns of a tile of :func:`dense_product` (2 MiB in float32, in cache between its
-fill and its GEMMs). Tall tiles suit the transposed product: single-threaded MKL multiplied a
-4096 × 256 tile and its transpose into 64 right-hand sides at 0.94 and 0.87 of its square-GEMM
-rate, a 1024 × 1024 tile at 0.94 and 0.71 (2-core EPYC, float32)."""
-_TILES_PER_TASK = 4
+_SPAN_BYTES = 256 * 1024
+"""Bytes of right-hand sides per column span of :func:`dense_product` (the span's right-hand
+sides and, in a mirrored tile, its outputs stay in L2 while all rows of the task pass)."""
 BLOCK_SPARSE_MAX_DIMS = 256
 """Input dimensions up to which ``kernel_block_sparse_matmul``'s 'auto' takes the native row
 kernels. Forward and backward of K S (n = 6,000, i = 256, float32) took, native against
 compiled: 0.42 / 1.51 s at d = 26, 1.62 / 2.03 s at d = 256, 2.74 / 2.62 s at d = 384, and
 5.25 / 1.24 s at d = 784 (MNIST's pixels)."""
-DENSE_MAX_DIMS = 128
+DENSE_MAX_DIMS = 384
 """Input dimensions up to which ``kernel_matmul``'s 'auto' takes :func:`dense_product`: its
 distances cost O(d) per entry in scalar loops, the compiled tiles' a GEMM. K(x1, x2) V with
-2,000 × 8,000 points and 10 right-hand sides (float32): native 0.04 / 0.19 / 0.36 / 0.53 s at
-d = 8 / 128 / 192 / 256, compiled 0.59 / 0.28 / 0.51 / 0.39 s; at d = 784 1.40 against 0.63 s."""
+2,000 × 8,000 points and 10 right-hand sides (float32, session 42): native 0.01 / 0.15 / 0.14–0.23
+/ 0.31–0.42 s at d = 8 / 128 / 256 / 384, compiled 0.29 / 0.36 / 0.60–0.87 / 0.80–0.85 s; at
+d = 512 0.29–0.64 against 0.25–0.33 s, at d = 784 (MNIST's pixels) 0.54–0.76 against
+0.38–0.46 s."""
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -139,9 +137,11 @@ def _build() -> ctypes.CDLL:
         adjoint.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr,
                             ctypes.c_int, i64, i64, i64, i64, ctypes.c_int, ptr, ptr]
         adjoint.restype = None
-        tile = getattr(library, f"kernel_tile_{sfx}")
-        tile.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i64]
-        tile.restype = None
+        dense = getattr(library, f"dense_product_{sfx}")
+        dense.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64,
+                          ctypes.c_int, i64]
+        dense.restype = None
+        getattr(library, f"vector_width_{sfx}").restype = ctypes.c_int
     return library
 
 
@@ -302,32 +302,18 @@ def symmetric_block_sparse_product(profile: str, z: Tensor, values: Tensor, layo
     return _Symmetric.apply(z, values, profile, layout)
 
 
-@contextlib.contextmanager
-def _torch_single_threaded():
-    """torch (OpenMP and MKL) on one thread inside, the caller's thread count restored after.
-    ``torch.set_num_threads`` sets the calling thread's OpenMP count and the default of threads
-    created later, so each caller saves and restores its own: overlapping calls from several
-    Python threads leave every caller's count as it found it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> Tensor:
     """Φ(z1, z2) @ rhs, (t, k), for z1 (t, d), z2 (n, d), rhs (n, k) on the CPU; no autograd.
 
-    The C kernel fills tiles of :data:`DENSE_TILE` kernel values (distances from differences, so
-    D² = 0 exactly on coincident points) and torch's GEMM multiplies each tile into ``rhs``
-    while it is still in cache. Each of ``torch.get_num_threads()`` workers takes whole tiles,
-    fills and multiplies them on its own core into its own output, and the outputs are summed;
-    torch runs single-threaded meanwhile (two-thread GEMMs between two-thread fills cost more
-    than the two parts apart, presumably MKL's OpenMP threads spinning). ``z2=None`` means the
-    symmetric product Φ(z1, z1) @ rhs: a tile right of the diagonal block of its rows serves its
-    rows (P @ rhs) and its columns (Pᵀ @ rhs), so each pair of distinct points outside the
-    diagonal blocks is evaluated once.
+    One C function fills the kernel values of six rows against 256 columns at a time (distances
+    from differences, so D² = 0 exactly on coincident points) into a panel that stays in L1, and
+    multiplies it into ``rhs`` by register-blocked vector micro-kernels before the next panel:
+    no tile is stored and no GEMM library is called. The right-hand sides are padded to a
+    multiple of the CPU's vector width. ``z2=None`` means the symmetric product Φ(z1, z1) @ rhs:
+    the tiles of :func:`symmetric_rounds` off the diagonal serve their rows and their columns,
+    so each pair of distinct points outside the diagonal tiles is evaluated once. A rectangular
+    product splits its rows among ``torch.get_num_threads()`` workers, or, with fewer rows than
+    that takes, its columns (one output each, summed).
     """
     if profile not in PROFILE_IDS:
         raise ValueError(f"unknown profile {profile!r}; expected one of {sorted(PROFILE_IDS)}")
@@ -340,40 +326,31 @@ def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> T
             rhs.dim() != 2 or rhs.shape[0] != columns.shape[0]):
         raise ValueError(f"dense_product needs z1 (t, d), z2 (n, d) and rhs (n, k); got z1 "
                          f"{tuple(z1.shape)}, z2 {tuple(columns.shape)}, rhs {tuple(rhs.shape)}")
-    z1, rhs = z1.detach().contiguous(), rhs.detach().contiguous()
+    z1 = z1.detach().contiguous()
     z2 = z1 if symmetric else z2.detach().contiguous()
-    zT, (t, d), n = z2.mT.contiguous(), z1.shape, z2.shape[0]
-    if t == 0 or n == 0:
-        return rhs.new_zeros(t, rhs.shape[1])
-    rows, cols = DENSE_TILE
-    rows, cols = min(rows, t), min(cols, n)
-    fill, pid = _fn("kernel_tile", z1.dtype), PROFILE_IDS[profile]
-    state: dict[int, tuple[Tensor, Tensor]] = {}  # per worker thread: its output and tile
+    zT, (t, d), (n, k) = z2.mT.contiguous(), z1.shape, rhs.shape
+    if t == 0 or n == 0 or k == 0:
+        return rhs.new_zeros(t, k)
+    width = _fn("vector_width", z1.dtype)()
+    padded = k if k == 1 or k % width == 0 else -(-k // width) * width
+    rhs = torch.nn.functional.pad(rhs.detach(), (0, padded - k)).contiguous()
+    span = max(1, _SPAN_BYTES // (padded * rhs.element_size()))
+    product, pid = _fn("dense_product", z1.dtype), PROFILE_IDS[profile]
 
-    def run(r0: int, spans: list[tuple[int, int]]) -> None:
-        key = threading.get_ident()
-        if key not in state:
-            state[key] = (rhs.new_zeros(t, rhs.shape[1]), z1.new_empty(rows * cols))
-        out, buffer = state[key]
-        r1 = min(r0 + rows, t)
-        for c0, c1 in spans:
-            tile = buffer[:(r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
-            fill(pid, n, d, z1.data_ptr(), zT.data_ptr(), r0, r1, c0, c1, tile.data_ptr(),
-                 c1 - c0)
-            out[r0:r1].addmm_(tile, rhs[c0:c1])
-            if symmetric and c0 >= r1:  # right of the diagonal block: the mirror tile too
-                out[c0:c1].addmm_(tile.mT, rhs[r0:r1])
+    def run(out: Tensor, r0: int, r1: int, c0: int, c1: int, mirror: int) -> None:
+        product(pid, n, d, z1.data_ptr(), zT.data_ptr(), rhs.data_ptr(), padded, out.data_ptr(),
+                r0, r1, c0, c1, mirror, span)
 
-    tasks = []
-    for r0 in range(0, t, rows):
-        r1 = min(r0 + rows, t)
-        # symmetric: the diagonal block [r0, r1)² in full, then the columns right of it
-        bounds = [(r0, r1), (r1, n)] if symmetric else [(0, n)]
-        spans = [(c, min(c + cols, end)) for start, end in bounds for c in range(start, end, cols)]
-        tasks += [(r0, spans[k:k + _TILES_PER_TASK])
-                  for k in range(0, len(spans), _TILES_PER_TASK)]
     threads = _threads()
-    with _torch_single_threaded():
+    if symmetric or t >= _ROWS_PER_TASK * threads:  # one output, tasks disjoint in it
+        out = rhs.new_zeros(t, padded)
+        rounds = symmetric_rounds(n, threads) if symmetric else [_row_tasks(t, n)]
+        for tasks in rounds:
+            _run([(out, *task) for task in tasks], run, threads)
+    else:  # few rows: column ranges, an output each
+        bounds = [j * n // threads for j in range(threads + 1)]
+        tasks = [(rhs.new_zeros(t, padded), 0, t, c0, c1, 0)
+                 for c0, c1 in zip(bounds[:-1], bounds[1:], strict=True) if c1 > c0]
         _run(tasks, run, threads)
-    outs = [out for out, _ in state.values()]
-    return outs[0] if len(outs) == 1 else torch.stack(outs).sum(0)
+        out = tasks[0][0] if len(tasks) == 1 else torch.stack([task[0] for task in tasks]).sum(0)
+    return out if padded == k else out[:, :k].contiguous()
