@@ -20,8 +20,8 @@ Backends of ``kernel_matmul`` (all compute the same numbers up to rounding):
 `native` covers the block-sparse products of CaGP-Opt (``kernel_block_sparse_matmul``, and the
 rectangular one without gradients) and, where nothing needs a gradient, the dense product
 (:func:`gpscale.linalg.native.dense_product`: C panels of kernel values multiplied at once by
-vector micro-kernels, each off-diagonal tile of K(x, x) used for its rows and its columns); with gradients it runs
-`compiled`.
+vector micro-kernels, each off-diagonal tile of K(x, x) used for its rows and its columns);
+with gradients it runs `compiled`.
 
 ``backend='auto'`` resolves by :func:`select_backend`'s rule.
 """
@@ -100,13 +100,11 @@ def kernel_matrix(kernel: Kernel, x1: torch.Tensor, x2: torch.Tensor) -> torch.T
 
 def dense_kernel_matrix(kernel: Kernel, x: Float[Tensor, "n d"],
                         rows: int = 512) -> Float[Tensor, "n n"]:
-    """K(x, x) as a plain (n, n) tensor, without gradients, built block of rows by block.
-
-    For the kernels :func:`kernel_hyperparameters` recognises the blocks come from the fused
-    distance-and-profile functions written straight into the result (compiled, as the tiles
-    of the matrix-free products, for large n on the CPU); other kernels go through GPyTorch a
-    block at a time. Only the result (n² entries) is held, never a second n × n temporary.
-    """
+    """K(x, x) as a plain (n, n) tensor, without gradients: in C on the CPU where
+    :func:`~gpscale.linalg.native.suits_dense` (:func:`~gpscale.linalg.native.kernel_matrix`),
+    else block of rows by block from the fused distance-and-profile functions written into the
+    result (compiled for large n on the CPU), or through GPyTorch for kernels
+    :func:`kernel_hyperparameters` does not recognise. Never a second n × n temporary."""
     hp = kernel_hyperparameters(kernel)
     n = x.shape[-2]
     with torch.no_grad():
@@ -114,6 +112,8 @@ def dense_kernel_matrix(kernel: Kernel, x: Float[Tensor, "n d"],
             return torch.cat([kernel_matrix(kernel, x[r:r + rows], x)
                               for r in range(0, n, rows)], dim=-2)
         z1, z2, _, _ = _scaled_inputs(hp, x, x, x[:, :1])
+        if native.suits_dense(x):
+            return native.kernel_matrix(hp.profile, z1[0]).mul_(hp.outputscale)
         z1, z2, exact = _exact_last(z1, z2)
         value = fused.PROFILES[hp.profile][0]
         if x.device.type == "cpu" and n * n >= AUTO_COMPILE_MIN_ENTRIES:

@@ -64,6 +64,27 @@ def test_float32_tiles_are_the_kernel_matrix(profile, generator, tiles):
     assert (rect.double() - expected[:29]).abs().max() < 1e-6
 
 
+@pytest.mark.parametrize("profile", list(DENSE))
+def test_kernel_matrix_matches_dense(profile, generator, monkeypatch):
+    """native.kernel_matrix: Φ(z1, z2) and Φ(z, z) equal the dense float64 matrices to rounding
+    over several row tasks; in float32 within 1e-6 with a diagonal of exactly 1; bad inputs are
+    errors naming them."""
+    monkeypatch.setattr(native, "_ROWS_PER_TASK", 7)
+    z = 0.7 * torch.randn(600, 3, generator=generator, dtype=torch.float64)  # > one C chunk
+    expected = _dense(profile, z, z)
+    torch.testing.assert_close(native.kernel_matrix(profile, z), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(native.kernel_matrix(profile, z[:40], z), expected[:40],
+                               rtol=1e-12, atol=1e-12)
+    K = native.kernel_matrix(profile, z.float())
+    assert K.dtype == torch.float32 and (K.diagonal() == 1).all()
+    assert (K.double() - expected).abs().max() < 1e-6
+    assert native.kernel_matrix(profile, z[:0], z).shape == (0, 600)
+    with pytest.raises(ValueError, match=r"z1 \(t, d\), z2 \(n, d\) of one dtype"):
+        native.kernel_matrix(profile, z, z[:, :2])
+    with pytest.raises(ValueError, match="unknown profile"):
+        native.kernel_matrix("cosine", z)
+
+
 def test_empty_inputs_and_thread_count(generator):
     """No rows, columns or right-hand sides give zeros of the right shape; the call leaves
     torch's thread count as it found it; mismatched shapes or dtypes are errors naming them

@@ -17,8 +17,16 @@ from gpscale.training.fit import default_loss
 from ._cagp_dense import HYPER, Dense, toy_data
 
 
+@pytest.mark.parametrize("path", ["native", "fused"])
 @pytest.mark.parametrize("name", ["rbf", "matern12", "matern32", "matern52"])
-def test_dense_kernel_matrix_equals_gpytorch(name):
+def test_dense_kernel_matrix_equals_gpytorch(name, path, monkeypatch):
+    """Both CPU paths: the C rows (where native kernels build) and the fused blocks."""
+    from gpscale.linalg import native
+
+    if path == "fused":
+        monkeypatch.setattr(native, "DENSE_MAX_DIMS", 0)
+    elif not native.available():
+        pytest.skip("no C compiler for the native kernels")
     g = torch.Generator().manual_seed(0)
     x = 50.0 + 3 * torch.randn(300, 4, generator=g, dtype=torch.float64)  # offset: cancellation
     kernel = make_kernel(name, 4).double()

@@ -42,8 +42,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 __all__ = ["BLOCK_SPARSE_MAX_DIMS", "DENSE_MAX_DIMS", "PROFILE_IDS", "available",
-           "block_sparse_forward", "dense_product", "suits_block_sparse", "suits_dense",
-           "symmetric_block_sparse_product", "symmetric_rounds"]
+           "block_sparse_forward", "dense_product", "kernel_matrix", "suits_block_sparse",
+           "suits_dense", "symmetric_block_sparse_product", "symmetric_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,9 @@ def _build() -> ctypes.CDLL:
                           ctypes.c_int, i64]
         dense.restype = None
         getattr(library, f"vector_width_{sfx}").restype = ctypes.c_int
+        rows = getattr(library, f"kernel_rows_{sfx}")
+        rows.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, i64, i64, ptr, i64]
+        rows.restype = None
     return library
 
 
@@ -354,3 +357,29 @@ def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> T
         _run(tasks, run, threads)
         out = tasks[0][0] if len(tasks) == 1 else torch.stack([task[0] for task in tasks]).sum(0)
     return out if padded == k else out[:, :k].contiguous()
+
+
+def kernel_matrix(profile: str, z1: Tensor, z2: Tensor | None = None) -> Tensor:
+    """Φ(z1, z2) as a (t, n) tensor for CPU float32/float64 inputs z1 (t, d), z2 (n, d)
+    (``z2=None``: Φ(z1, z1)); no autograd. Row ranges on ``torch.get_num_threads()`` workers, each
+    row filled in C against all columns in cache-sized chunks (distances from differences, so
+    the diagonal of Φ(z, z) is exactly φ(0) in every dtype)."""
+    if profile not in PROFILE_IDS:
+        raise ValueError(f"unknown profile {profile!r}; expected one of {sorted(PROFILE_IDS)}")
+    z2 = z1 if z2 is None else z2
+    if z1.dtype != z2.dtype or not available(z1) or z1.dim() != 2 or z2.dim() != 2 or (
+            z1.shape[1] != z2.shape[1]):
+        raise ValueError(f"kernel_matrix needs CPU float32 or float64 inputs z1 (t, d), z2 (n, d) "
+                         f"of one dtype; got {z1.dtype} {tuple(z1.shape)} on {z1.device}, "
+                         f"{z2.dtype} {tuple(z2.shape)}")
+    z1 = z1.detach().contiguous()
+    zT, (t, d), n = z2.detach().mT.contiguous(), z1.shape, z2.shape[0]
+    out = z1.new_empty(t, n)
+    fill, pid = _fn("kernel_rows", z1.dtype), PROFILE_IDS[profile]
+
+    def run(r0: int, r1: int, c0: int, c1: int, mirror: int) -> None:
+        fill(pid, n, d, z1.data_ptr(), zT.data_ptr(), r0, r1, out[r0:].data_ptr(), n)
+
+    if t and n:
+        _run(_row_tasks(t, n), run)
+    return out

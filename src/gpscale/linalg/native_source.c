@@ -274,6 +274,19 @@ void FN(block_sparse_adjoint)(int profile, int64_t n, int64_t d, const REAL *z,
     free(dots);
 }
 
+/* Rows of the kernel matrix: out[(p − r0) · ld + q] = φ(‖z_p − z_q‖²) for p ∈ [r0, r1), q < n.
+ * zr (t × d): the row points; zT (d × n): the column points, transposed. */
+void FN(kernel_rows)(int profile, int64_t n, int64_t d, const REAL *zr, const REAL *zT,
+                     int64_t r0, int64_t r1, REAL *out, int64_t ld) {
+    REAL D2[CH];
+    for (int64_t p = r0; p < r1; ++p)
+        for (int64_t c0 = 0; c0 < n; c0 += CH) {
+            const int64_t m = n - c0 < CH ? n - c0 : CH;
+            FN(sqdist)(m, d, zr + p * d, zT, n, c0, D2);
+            FN(profile)(profile, m, D2, out + (p - r0) * ld + c0, NULL);
+        }
+}
+
 /* ---- The dense product Φ(z_rows, z_cols) V, fused ------------------------------------------
  * Rows are taken MR at a time against chunks of KC columns: the MR × KC kernel values are filled
  * into a panel that stays in L1, and register-blocked micro-kernels multiply it at once into the
