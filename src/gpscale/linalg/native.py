@@ -184,6 +184,13 @@ def suits_block_sparse(x: Tensor) -> bool:
     return x.shape[-1] <= BLOCK_SPARSE_MAX_DIMS and available(x)
 
 
+def _profile_id(profile: str) -> int:
+    """The C functions' id of ``profile``; a ValueError naming the valid ones otherwise."""
+    if profile not in PROFILE_IDS:
+        raise ValueError(f"unknown profile {profile!r}; expected one of {sorted(PROFILE_IDS)}")
+    return PROFILE_IDS[profile]
+
+
 def _threads() -> int:
     return max(1, torch.get_num_threads())
 
@@ -300,8 +307,7 @@ def symmetric_block_sparse_product(profile: str, z: Tensor, values: Tensor, layo
     Same contract as :func:`gpscale.linalg.operators.block_sparse.symmetric_kernel_product`
     (whose ``exact`` option is moot here: distances are formed from differences).
     """
-    if profile not in PROFILE_IDS:
-        raise ValueError(f"unknown profile {profile!r}; expected one of {sorted(PROFILE_IDS)}")
+    _profile_id(profile)
     return _Symmetric.apply(z, values, profile, layout)
 
 
@@ -318,8 +324,7 @@ def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> T
     product splits its rows among ``torch.get_num_threads()`` workers, or, with fewer rows than
     that takes, its columns (one output each, summed).
     """
-    if profile not in PROFILE_IDS:
-        raise ValueError(f"unknown profile {profile!r}; expected one of {sorted(PROFILE_IDS)}")
+    _profile_id(profile)
     symmetric = z2 is None
     if {rhs.dtype, (z1 if symmetric else z2).dtype} != {z1.dtype} or not available(z1):
         raise ValueError(f"dense_product needs CPU float32 or float64 inputs of one dtype; got "
@@ -336,7 +341,8 @@ def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> T
         return rhs.new_zeros(t, k)
     width = _fn("vector_width", z1.dtype)()
     padded = k if k == 1 or k % width == 0 else -(-k // width) * width
-    rhs = torch.nn.functional.pad(rhs.detach(), (0, padded - k)).contiguous()
+    rhs = rhs.detach().contiguous() if padded == k else torch.nn.functional.pad(
+        rhs.detach(), (0, padded - k))
     span = max(1, _SPAN_BYTES // (padded * rhs.element_size()))
     product, pid = _fn("dense_product", z1.dtype), PROFILE_IDS[profile]
 
@@ -364,8 +370,7 @@ def kernel_matrix(profile: str, z1: Tensor, z2: Tensor | None = None) -> Tensor:
     (``z2=None``: Φ(z1, z1)); no autograd. Row ranges on ``torch.get_num_threads()`` workers, each
     row filled in C against all columns in cache-sized chunks (distances from differences, so
     the diagonal of Φ(z, z) is exactly φ(0) in every dtype)."""
-    if profile not in PROFILE_IDS:
-        raise ValueError(f"unknown profile {profile!r}; expected one of {sorted(PROFILE_IDS)}")
+    _profile_id(profile)
     z2 = z1 if z2 is None else z2
     if z1.dtype != z2.dtype or not available(z1) or z1.dim() != 2 or z2.dim() != 2 or (
             z1.shape[1] != z2.shape[1]):
