@@ -11,6 +11,8 @@ import torch
 
 from gpscale.kernels import (
     AUTO_COMPILE_MIN_ENTRIES,
+    inducing_factor,
+    kernel_block_sparse_rect_matmul,
     kernel_hyperparameters,
     kernel_matmul,
     kernel_matrix,
@@ -18,6 +20,7 @@ from gpscale.kernels import (
     select_backend,
 )
 from gpscale.linalg import fused, native
+from gpscale.linalg.operators.block_sparse import BlockSparseActions
 
 STATIONARY = ["rbf", "matern12", "matern32", "matern52"]
 
@@ -273,3 +276,79 @@ def test_cuda_matmul_and_gradients_equal_cpu_dense(backend, generator):
                     kernel_cuda, x1.cuda(), x2.cuda(), rhs.cuda(), weights.cuda())
     for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a.cpu(), e, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("batch", [None, torch.Size([2])], ids=["plain", "batched"])
+@pytest.mark.parametrize("ard", [True, False], ids=["ard", "iso"])
+@pytest.mark.parametrize("name", STATIONARY)
+def test_kernel_matrix_equals_gpytorch(name, ard, batch, generator):
+    """kernel_matrix (one fused autograd node) = GPyTorch's K(x1, x2): values and gradients in
+    both inputs and the hyperparameters; K(x, x) holds the outputscale on its diagonal."""
+    kernel = _kernel(name, 3, ard, generator, batch_shape=batch)
+    x1, x2, _ = _data(generator)
+    weights = torch.randn(*(batch or ()), 23, 17, generator=generator)
+    results = []
+    for fn in (kernel_matrix, lambda k, a, b: k(a, b).to_dense()):
+        a, b = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+        K = fn(kernel, a, b)
+        leaves = [a, b, kernel.raw_outputscale, kernel.base_kernel.raw_lengthscale]
+        results.append((K, torch.autograd.grad((K * weights).sum(), leaves)))
+    (ours, ours_grads), (theirs, their_grads) = results
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    for a, e in zip(ours_grads, their_grads, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-11)
+    with torch.no_grad():
+        diagonal = kernel_matrix(kernel, x1, x1).diagonal(dim1=-2, dim2=-1)
+    torch.testing.assert_close(diagonal, kernel.outputscale[..., None].expand_as(diagonal),
+                               rtol=0, atol=0)
+
+
+def _far(value: float) -> torch.Tensor:
+    return torch.tensor([[value, -value, 0.5 * value]])
+
+
+@pytest.mark.parametrize("backend", ["fused", "native", "kernel_matrix", "block_sparse_rect"])
+@pytest.mark.parametrize("name", STATIONARY)
+def test_far_points_give_zero_and_move_no_other_row(name, backend, generator):
+    """Issue #46: a point at 10⁸, 10²⁰ or 10²⁰⁰ among the rows (x1) or the columns (x2) of
+    K(x1, x2) V: its row is exactly 0, its column adds nothing, and every other row is as
+    without it — GPyTorch's centring on a batch mean moved them, Matérn gave ∞ · 0 = NaN."""
+    if backend in ("native", "block_sparse_rect") and not native.available(torch.zeros(1)):
+        pytest.skip("no C compiler for the native kernels")
+    kernel = _kernel(name, 3, True, generator)
+    x1, x2, rhs = _data(generator)
+    if backend == "block_sparse_rect":
+        actions = BlockSparseActions(rhs[:, 0], torch.randperm(17, generator=generator),
+                                     num_blocks=4)
+
+        def product(a, b, v):  # far columns need actions of their own size: rows only
+            return kernel_block_sparse_rect_matmul(kernel, x2, actions, x_rows=a)
+    elif backend == "kernel_matrix":
+        def product(a, b, v):
+            return kernel_matrix(kernel, a, b) @ v
+    else:
+        def product(a, b, v):
+            return kernel_matmul(kernel, a, b, v, backend=backend)
+    alone = product(x1, x2, rhs)
+    for value in (1e8, 1e20, 1e200):
+        got = product(torch.cat([x1[:5], _far(value), x1[5:]]), x2, rhs)
+        assert torch.equal(got[5], torch.zeros_like(got[5]))
+        torch.testing.assert_close(torch.cat([got[:5], got[6:]]), alone, rtol=1e-12, atol=1e-14)
+        if backend == "block_sparse_rect":
+            continue
+        extra = torch.randn(1, rhs.shape[1], generator=generator)
+        got = product(x1, torch.cat([_far(value), x2]), torch.cat([extra, rhs]))
+        torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-14)
+
+
+def test_inducing_factor_equals_gpytorchs(generator):
+    """K(x, z) K_zz^{-1/2} with GPyTorch's cached root = GPyTorch's own left factor on ordinary
+    points (its SGPR prediction caches are in that basis)."""
+    base = _kernel("matern32", 2, True, generator)
+    z = torch.randn(6, 2, generator=generator)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    kernel = gpytorch.kernels.InducingPointKernel(base, inducing_points=z, likelihood=likelihood)
+    kernel.eval()
+    x = torch.randn(9, 2, generator=generator)
+    theirs = base(x, z).to_dense() @ kernel._inducing_inv_root
+    torch.testing.assert_close(inducing_factor(kernel, x), theirs, rtol=1e-12, atol=1e-12)

@@ -11,7 +11,7 @@ Backends of ``kernel_matmul`` (all compute the same numbers up to rounding):
 
 | backend    | kernels                          | how                                          |
 |------------|----------------------------------|----------------------------------------------|
-| `eager`    | any GPyTorch kernel              | ``kernel(x1c, x2).to_dense() @ rhs``         |
+| `eager`    | any GPyTorch kernel              | ``kernel(x2, x1c)ᵀ @ rhs`` (centred on x2)   |
 | `fused`    | [Scale](RBF, Matérn ½, 3/2, 5/2) | distance → profile → product, plain PyTorch  |
 | `compiled` | as `fused`                       | the same, elementwise part ``torch.compile``d |
 | `keops`    | as `fused`                       | pykeops (``pip install gpscale[keops]``)     |
@@ -23,7 +23,9 @@ rectangular one without gradients) and, where nothing needs a gradient, the dens
 vector micro-kernels, each off-diagonal tile of K(x, x) used for its rows and its columns);
 with gradients it runs `compiled`.
 
-``backend='auto'`` resolves by :func:`select_backend`'s rule.
+``backend='auto'`` resolves by :func:`select_backend`'s rule. Every product and
+``kernel_matrix`` takes its distances within reach (:mod:`gpscale.linalg.reach`): a point of
+either set beyond the kernel's reach of the other gets exactly 0 and moves no other (issue #46).
 """
 
 from __future__ import annotations
@@ -33,31 +35,21 @@ from dataclasses import dataclass
 
 import gpytorch
 import torch
-from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
+from gpytorch.kernels import InducingPointKernel, Kernel, MaternKernel, RBFKernel, ScaleKernel
 
-from gpscale.linalg import fused, keops, native
+from gpscale.linalg import fused, keops, native, reach
 from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk_size
 from gpscale.linalg.operators.block_sparse import BlockSparseActions, symmetric_kernel_product
 from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
 from gpscale.linalg.preconditioners import PivotedCholeskyPreconditioner
+from gpscale.linalg.stationary import stationary_matrix
 from gpscale.typing import Float, Tensor
 
-__all__ = [
-    "AUTO_COMPILE_MIN_ENTRIES",
-    "BACKENDS",
-    "KERNELS",
-    "KernelHyperparameters",
-    "dense_kernel_matrix",
-    "kernel_block_sparse_matmul",
-    "kernel_block_sparse_rect_matmul",
-    "kernel_diag",
-    "kernel_hyperparameters",
-    "kernel_matmul",
-    "kernel_matrix",
-    "kernel_preconditioner",
-    "make_kernel",
-    "select_backend",
-]
+__all__ = ["AUTO_COMPILE_MIN_ENTRIES", "BACKENDS", "KERNELS", "KernelHyperparameters",
+           "dense_kernel_matrix", "inducing_factor", "kernel_block_sparse_matmul",
+           "kernel_block_sparse_rect_matmul", "kernel_diag", "kernel_hyperparameters",
+           "kernel_matmul", "kernel_matrix", "kernel_preconditioner", "make_kernel",
+           "select_backend"]
 
 _BASE_KERNELS = {
     "rbf": gpytorch.kernels.RBFKernel,
@@ -94,16 +86,30 @@ def make_kernel(name: str = "matern32", num_dims: int = 1, *, ard: bool = True,
 
 
 def kernel_matrix(kernel: Kernel, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """Dense kernel matrix K(x1, x2) as a plain tensor (n1, n2)."""
-    return kernel(x1, x2).to_dense()
+    """Dense kernel matrix K(x1, x2) as a plain tensor (..., n1, n2), differentiable.
+
+    A kernel :func:`kernel_hyperparameters` recognises: one autograd node
+    (:func:`~gpscale.linalg.stationary.stationary_matrix`) on inputs centred within reach
+    (:func:`~gpscale.linalg.reach.centre`), so no row changes another's values (issue #46).
+    Others: GPyTorch with ``x2`` first (it centres on its first argument; x2 is the reference
+    set, training or inducing points, in this package's calls)."""
+    hp = kernel_hyperparameters(kernel)
+    if hp is None or x1.dim() < 2 or x2.dim() < 2:
+        return kernel(x1, x2).to_dense() if x1 is x2 else kernel(x2, x1).to_dense().mT
+    z1, z2, _, batch, keep1, keep2 = _scaled_inputs(hp, x1, x2, x1[..., :1])
+    z1, z2, exact = fused.exact_last(z1, z2)
+    K = stationary_matrix(z1, z2, hp.outputscale.expand(batch).reshape(-1), hp.profile,
+                          exact=exact, symmetric=x1 is x2)  # (B, n1, n2)
+    if keep1 is not None:  # pairs beyond reach: exactly 0
+        K = K * (keep1[:, :, None] & keep2[:, None, :])
+    return K.reshape(*batch, *K.shape[-2:])
 
 
 def dense_kernel_matrix(kernel: Kernel, x: Float[Tensor, "n d"],
                         rows: int = 512) -> Float[Tensor, "n n"]:
     """K(x, x) as a plain (n, n) tensor, without gradients: in C on the CPU where
-    :func:`~gpscale.linalg.native.suits_dense` (:func:`~gpscale.linalg.native.kernel_matrix`),
-    else block of rows by block from the fused distance-and-profile functions written into the
-    result (compiled for large n on the CPU), or through GPyTorch for kernels
+    :func:`~gpscale.linalg.native.suits_dense`, else row blocks of the fused profiles written
+    into the result (compiled for large n on the CPU), or through GPyTorch for kernels
     :func:`kernel_hyperparameters` does not recognise. Never a second n × n temporary."""
     hp = kernel_hyperparameters(kernel)
     n = x.shape[-2]
@@ -111,10 +117,10 @@ def dense_kernel_matrix(kernel: Kernel, x: Float[Tensor, "n d"],
         if hp is None or x.dim() != 2 or hp.outputscale.dim() != 0:
             return torch.cat([kernel_matrix(kernel, x[r:r + rows], x)
                               for r in range(0, n, rows)], dim=-2)
-        z1, z2, _, _ = _scaled_inputs(hp, x, x, x[:, :1])
+        z1, z2, _, _, _, _ = _scaled_inputs(hp, x, x, x[:, :1])
         if native.suits_dense(x):
             return native.kernel_matrix(hp.profile, z1[0]).mul_(hp.outputscale)
-        z1, z2, exact = _exact_last(z1, z2)
+        z1, z2, exact = fused.exact_last(z1, z2)
         value = fused.PROFILES[hp.profile][0]
         if x.device.type == "cpu" and n * n >= AUTO_COMPILE_MIN_ENTRIES:
             value = fused.compiled_profile(value)  # the tiles' compiled function, shared
@@ -130,6 +136,13 @@ def dense_kernel_matrix(kernel: Kernel, x: Float[Tensor, "n d"],
 def kernel_diag(kernel: Kernel, x: torch.Tensor) -> torch.Tensor:
     """Diagonal k(x_j, x_j) (n,) without forming the matrix."""
     return kernel(x, diag=True)
+
+
+def inducing_factor(kernel: InducingPointKernel, x: Tensor) -> Tensor:
+    """K(x, z) K_zz^{-1/2} (n, m) for GPyTorch's ``InducingPointKernel``: its cached inverse
+    root of K_zz (the basis of its SGPR prediction caches), K(x, z) from :func:`kernel_matrix`
+    (GPyTorch's own centres on x, the test batch; issue #46)."""
+    return kernel_matrix(kernel.base_kernel, x, kernel.inducing_points) @ kernel._inducing_inv_root
 
 
 @dataclass(frozen=True)
@@ -251,13 +264,12 @@ def _default_chunk(backend: str, num_entries_per_row: int, like: Tensor) -> int:
 
 def _eager(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
     params = tuple(p for p in kernel.parameters() if p.requires_grad)
-    rule = autograd_rule(lambda a, b, v: kernel(a, b).to_dense() @ v, params)
+    rule = autograd_rule(lambda a, b, v: kernel(b, a).to_dense().mT @ v, params)
     return chunked_product(rule, x1, x2, rhs, chunk_size=chunk)
 
 
 def _require_hyperparameters(kernel: Kernel, backend: str) -> KernelHyperparameters:
-    hp = kernel_hyperparameters(kernel)
-    if hp is None:
+    if (hp := kernel_hyperparameters(kernel)) is None:
         raise ValueError(f"backend {backend!r} supports ScaleKernel(RBFKernel | MaternKernel) "
                          f"without active_dims; got {type(kernel).__name__}. Use "
                          "backend='eager' (any kernel) or 'auto'.")
@@ -265,33 +277,22 @@ def _require_hyperparameters(kernel: Kernel, backend: str) -> KernelHyperparamet
 
 
 def _scaled_inputs(hp: KernelHyperparameters, x1: Tensor, x2: Tensor, rhs: Tensor):
-    """Centred, scaled inputs z = (x − mean(x2)) / lengthscale as (B, n, d), rhs as (B, n2, k)."""
+    """:func:`gpscale.linalg.reach.batched`: (B, n, d) inputs centred within reach, rhs, the
+    batch shape and the within-reach masks (the caller zeroes the rest: ``within_reach``)."""
     if hp.lengthscale.shape[-1] not in (1, x1.shape[-1]):
         raise ValueError(f"the kernel has {hp.lengthscale.shape[-1]} lengthscales (ARD) but the "
                          f"inputs have {x1.shape[-1]} features")
-    shift = x2.detach().mean(-2, keepdim=True)  # distances are translation invariant
-    z1, z2 = (x1 - shift) / hp.lengthscale, (x2 - shift) / hp.lengthscale
-    batch = torch.broadcast_shapes(z1.shape[:-2], z2.shape[:-2], rhs.shape[:-2],
-                                   hp.outputscale.shape)
-    flat = [t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (z1, z2, rhs)]
-    return (*flat, batch)
-
-
-def _exact_last(z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, int]:
-    """z1, z2 with the dimensions :func:`fused.exact_dims` picks moved last, and their count."""
-    order, exact = fused.exact_dims(z1, z2)
-    if exact == 0:
-        return z1, z2, 0
-    return z1[..., order], z2[..., order], exact
+    return reach.batched(x1, x2, rhs, hp.lengthscale, hp.outputscale.shape)
 
 
 def _fused(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int, *,
            compiled: bool = False) -> Tensor:
     hp = _require_hyperparameters(kernel, "compiled" if compiled else "fused")
-    z1, z2, rhs3, batch = _scaled_inputs(hp, x1, x2, rhs)
-    z1, z2, exact = _exact_last(z1, z2)
+    z1, z2, rhs3, batch, keep1, keep2 = _scaled_inputs(hp, x1, x2, rhs)
+    z1, z2, exact = fused.exact_last(z1, z2)
     rule = fused.stationary_rule(hp.profile, compiled=compiled, exact=exact)
-    out = chunked_product(rule, z1, z2, rhs3, chunk_size=chunk)  # (B, n1, k)
+    out = chunked_product(rule, z1, z2, reach.within_reach(rhs3, keep2), chunk_size=chunk)
+    out = reach.within_reach(out, keep1)  # (B, n1, k)
     return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
 
 
@@ -309,10 +310,12 @@ def _native(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> 
     if needs_grad or not native.available(x1) or x2.dtype != x1.dtype or rhs.dtype != x1.dtype:
         return _compiled(kernel, x1, x2, rhs, chunk)
     symmetric = x1 is x2
-    z1, z2, rhs3, batch = _scaled_inputs(hp, x1, x2, rhs)
-    out = torch.stack([native.dense_product(hp.profile, z2[b] if symmetric else z1[b],
-                                            None if symmetric else z2[b], rhs3[b])
-                       for b in range(rhs3.shape[0])])
+    z1, z2, rhs3, batch, keep1, keep2 = _scaled_inputs(hp, x1, x2, rhs)
+    rhs3 = reach.within_reach(rhs3, keep2)
+    out = reach.within_reach(torch.stack([
+        native.dense_product(hp.profile, z2[b] if symmetric else z1[b],
+                             None if symmetric else z2[b], rhs3[b])
+        for b in range(rhs3.shape[0])]), keep1)
     return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
 
 
@@ -323,17 +326,14 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
                                backend: str = "auto") -> Float[Tensor, "t i"]:
     """``K(x_rows, x) @ S`` for block-sparse actions S (n, i), matrix-free and differentiable.
 
-    With ``x_rows=None`` this is the training product K(x, x) S. For a kernel
-    :func:`kernel_hyperparameters` recognises it runs, on the CPU, the native row kernels
-    (:func:`gpscale.linalg.native.symmetric_block_sparse_product`: one pass per row, no tile
-    stored, ~2.7x faster than the tiles on Protein), and otherwise (backend 'fused' or
-    'compiled', another device, no C compiler)
-    :func:`~gpscale.linalg.operators.block_sparse.symmetric_kernel_product`: tiles of at most
-    ``chunk_size²`` entries, each off-diagonal tile used twice (K is symmetric), O(n) work per
-    kernel row, recomputation in backward. With ``x_rows`` given (prediction) it runs
-    :func:`kernel_block_sparse_rect_matmul` (fused rectangular tiles). For other kernels, or the
-    'eager' backend, row chunks of ``K(x_rows, x)`` (at most ``chunk_size × n`` entries, forward
-    and backward) are reduced block by block. No n × n tensor exists in any case.
+    With ``x_rows=None`` the training product K(x, x) S: for a kernel
+    :func:`kernel_hyperparameters` recognises, on the CPU the native row kernels
+    (:func:`gpscale.linalg.native.symmetric_block_sparse_product`: no tile stored, ~2.7x faster
+    on Protein), else :func:`~gpscale.linalg.operators.block_sparse.symmetric_kernel_product`
+    (tiles of at most ``chunk_size²`` entries, each off-diagonal one used twice, recomputed in
+    backward). With ``x_rows`` (prediction): :func:`kernel_block_sparse_rect_matmul`. Other
+    kernels, or 'eager': row chunks of ``K(x_rows, x)`` (at most ``chunk_size × n`` entries,
+    forward and backward) reduced block by block. No n × n tensor exists in any case.
 
     Args:
         kernel: a GPyTorch kernel without batch shape.
@@ -367,12 +367,12 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
         return kernel_block_sparse_rect_matmul(kernel, x, actions, x_rows=x_rows,
                                                chunk_size=chunk_size, backend=backend)
     hp = _require_hyperparameters(kernel, name)
-    z, _, _, _ = _scaled_inputs(hp, x, x, x[..., :1])
+    z, _, _, _, _, _ = _scaled_inputs(hp, x, x, x[..., :1])
     if name == "native":  # C row kernels; distances from differences, `exact` is moot
         out = native.symmetric_block_sparse_product(hp.profile, z[0][actions.index],
                                                     actions.values, actions.layout)
         return hp.outputscale * out[actions.inverse_index()]
-    z, _, exact = _exact_last(z, z)
+    z, _, exact = fused.exact_last(z, z)
     out = symmetric_kernel_product(hp.profile, z[0][actions.index], actions.values,
                                    actions.layout, compiled=name != "fused",
                                    chunk_size=chunk_size or fused.span_rows(z),
@@ -388,14 +388,12 @@ def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
                                     backend: str = "auto") -> Float[Tensor, "t i"]:
     """``K(x[rows], x) @ S`` or ``K(x_rows, x) @ S`` for block-sparse S, fused and matrix-free.
 
-    The rectangular product for a subset of the training rows (a data-parallel rank's shard)
-    or for other points. For a kernel :func:`kernel_hyperparameters` recognises it runs
-    :func:`~gpscale.linalg.operators.block_sparse_rect.rectangular_kernel_product`: tiles of at most
-    ``chunk_size²`` kernel entries evaluated with the fused profile functions, reduced block by
-    block, recomputed in backward; t · n kernel evaluations (the symmetric training product of
-    :func:`kernel_block_sparse_matmul` needs only n²/2 for all n rows). With ``rows`` the
-    distance of a row to its own column is exactly 0. Otherwise ('eager') GPyTorch row chunks
-    as in :func:`kernel_block_sparse_matmul`. No t × n tensor exists in either case.
+    For a shard of the training rows or for other points. A kernel
+    :func:`kernel_hyperparameters` recognises runs
+    :func:`~gpscale.linalg.operators.block_sparse_rect.rectangular_kernel_product` (tiles of at
+    most ``chunk_size²`` entries, reduced block by block, recomputed in backward; t · n kernel
+    evaluations); with ``rows`` a row's distance to its own column is exactly 0. Otherwise
+    ('eager') GPyTorch row chunks as in :func:`kernel_block_sparse_matmul`. No t × n tensor.
 
     Args:
         kernel: a GPyTorch kernel without batch shape.
@@ -426,8 +424,7 @@ def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
         raise ValueError("kernel_block_sparse_rect_matmul supports kernels without batch_shape;"
                          f" got {tuple(kernel.batch_shape)}")
     if rows is not None and (rows.dim() != 1 or rows.is_floating_point()):
-        raise ValueError(f"rows must be a 1-D integer tensor; got {rows.dtype} of shape "
-                         f"{tuple(rows.shape)}")
+        raise ValueError(f"rows must be a 1-D integer tensor; got {rows.dtype} {rows.shape}")
     if x_rows is not None and (x_rows.dim() != 2 or x_rows.shape[-1] != x.shape[-1]):
         raise ValueError(f"x_rows must be (t, {x.shape[-1]}); got {tuple(x_rows.shape)}")
     points = x[rows] if x_rows is None else x_rows
@@ -435,23 +432,25 @@ def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
     if name == "eager":
         return _block_sparse_rows(kernel, points, x, actions, chunk_size)
     hp = _require_hyperparameters(kernel, name)
-    z_rows, z, _, _ = _scaled_inputs(hp, points, x, x[..., :1])
+    z_rows, z, _, _, keep_rows, keep = _scaled_inputs(hp, points, x, x[..., :1])
+    values = actions.values if keep is None else actions.values * keep[0][actions.index]
     if name == "native":
         if not (torch.is_grad_enabled() and any(
                 t.requires_grad for t in (z_rows, z, actions.values))):
-            return hp.outputscale * native.block_sparse_forward(
+            out = native.block_sparse_forward(
                 hp.profile, z[0][rows] if rows is not None else z_rows[0],
-                z[0][actions.index], actions.values, actions.layout)
+                z[0][actions.index], values, actions.layout)
+            return hp.outputscale * reach.within_reach(out[None], keep_rows)[0]
         name = "compiled"  # the native rectangular product has no adjoint
-    z_rows, z, exact = _exact_last(z_rows, z)
+    z_rows, z, exact = fused.exact_last(z_rows, z)
     position = None if rows is None else actions.inverse_index()[rows]  # block-order rows
     if rows is not None:
         z_rows = z[:, rows]  # the very same numbers as the columns (D² = 0 exactly on the pair)
-    out = rectangular_kernel_product(hp.profile, z_rows[0], z[0][actions.index], actions.values,
+    out = rectangular_kernel_product(hp.profile, z_rows[0], z[0][actions.index], values,
                                      actions.layout, rows_in_z=position,
                                      compiled=name != "fused",
                                      chunk_size=chunk_size or fused.span_rows(z), exact=exact)
-    return hp.outputscale * out
+    return hp.outputscale * reach.within_reach(out[None], keep_rows)[0]
 
 
 def _block_sparse_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str) -> str:
@@ -472,7 +471,7 @@ def _block_sparse_rows(kernel: Kernel, x_rows: Tensor, x: Tensor, actions: Block
     layout = actions.layout
     params = tuple(p for p in kernel.parameters() if p.requires_grad)
     rule = autograd_rule(
-        lambda a, b, v: layout.segment_sum(kernel(a, b).to_dense() * v[:, 0]), params)
+        lambda a, b, v: layout.segment_sum(kernel(b, a).to_dense().mT * v[:, 0]), params)
     return chunked_product(rule, x_rows, x[actions.index], actions.values[:, None],
                            chunk_size=chunk_size or default_chunk_size(x.shape[-2]))
 
@@ -480,8 +479,9 @@ def _block_sparse_rows(kernel: Kernel, x_rows: Tensor, x: Tensor, actions: Block
 def _keops(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
     """pykeops reduction (KeOps tiles on its own, so ``chunk`` is unused)."""
     hp = _require_hyperparameters(kernel, "keops")
-    z1, z2, rhs3, batch = _scaled_inputs(hp, x1, x2, rhs)
-    out = keops.product(hp.profile, z1, z2, rhs3)  # (B, n1, k)
+    z1, z2, rhs3, batch, keep1, keep2 = _scaled_inputs(hp, x1, x2, rhs)
+    out = keops.product(hp.profile, z1, z2, reach.within_reach(rhs3, keep2))  # (B, n1, k)
+    out = reach.within_reach(out, keep1)
     return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
 
 

@@ -10,6 +10,7 @@ import torch
 from gpscale.linalg import fused
 from gpscale.linalg.chunked import chunked_product
 from gpscale.linalg.fused import PROFILES, stationary_rule
+from gpscale.linalg.reach import FAR_SQDIST
 
 DENSE = {
     "rbf": lambda r: torch.exp(-0.5 * r.square()),
@@ -89,3 +90,22 @@ def test_tile_sizes_cpu_and_gpu_rule():
     assert fused.gpu_tile_entries(2 * gib, 4) == 2 * gib // 64  # 2^25: capped by free memory
     assert fused.gpu_tile_entries(2 * gib, 8) == 2**24
     assert fused.gpu_tile_entries(0, 4) == fused.TILE_ENTRIES
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_profiles_reach_zero_at_infinite_distance(profile):
+    """D² = ∞ (an overflowed ‖z1‖²) gives φ = 0 and φ' = 0, not Matérn's ∞ · 0 = NaN (issue #46);
+    from FAR_SQDIST on every profile is exactly 0 already."""
+    value, vjp = PROFILES[profile]
+    inf = torch.tensor([[[math.inf]]], dtype=torch.float64)
+    for sq1 in (inf, torch.full_like(inf, FAR_SQDIST)):
+        P = torch.zeros(1, 1, 1, dtype=torch.float64)
+        value(P, sq1, torch.zeros_like(P))
+        assert float(P) == 0.0
+        P, G = torch.zeros_like(P), torch.ones_like(P)
+        vjp(P, sq1, torch.zeros_like(P), G)
+        assert float(P) == 0.0 and float(G) == 0.0
+    z1 = torch.tensor([[[1e200, 0.0], [0.1, 0.2]]], dtype=torch.float64)
+    z2 = torch.tensor([[[0.0, 0.3], [0.5, -0.1]]], dtype=torch.float64)
+    out = _fused(profile, z1, z2, torch.ones(1, 2, 1, dtype=torch.float64))
+    assert float(out[0, 0, 0]) == 0.0 and torch.isfinite(out).all()

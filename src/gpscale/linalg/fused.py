@@ -3,7 +3,8 @@ r"""Fused products with stationary kernel profiles: distance → profile → pro
 For scaled inputs ``z1`` (B, n1, d), ``z2`` (B, n2, d) and right-hand sides ``V`` (B, n2, k) this
 computes :math:`\Phi V` with :math:`\Phi_{ij} = \varphi(D^2_{ij})`,
 :math:`D^2_{ij} = \lVert z_{1i} - z_{2j}\rVert^2 = \lVert z_{1i}\rVert^2 + \lVert z_{2j}\rVert^2
-- 2 z_{1i}^\top z_{2j}` (clamped at 0), without forming :math:`\Phi`.
+- 2 z_{1i}^\top z_{2j}` (clamped to [0, ``FAR_SQDIST``], where every profile is 0), without
+forming :math:`\Phi`.
 
 | profile  | :math:`\varphi(D^2)`, :math:`r = a\sqrt{D^2}` | :math:`\varphi'(D^2)`             |
 |----------|-----------------------------------------------|-----------------------------------|
@@ -39,9 +40,10 @@ from torch import Tensor
 
 from gpscale.linalg import compile_ahead
 from gpscale.linalg.chunked import ChunkRule
+from gpscale.linalg.reach import FAR_SQDIST
 
 __all__ = ["DEFAULT_ROWS", "DISTANCE_TOLERANCE", "EXACT_DIFF_DIMS", "PROFILES", "TILE_ENTRIES",
-           "TILE_ENTRIES_GPU", "compiled_profile", "default_rows", "exact_dims",
+           "TILE_ENTRIES_GPU", "compiled_profile", "default_rows", "exact_dims", "exact_last",
            "gpu_tile_entries", "inner_products", "span_rows", "sq_norms", "stationary_rule",
            "tile_entries", "wait_for_compilation", "COMPILE_IN_BACKGROUND"]
 
@@ -118,6 +120,14 @@ def exact_dims(z1: Tensor, z2: Tensor) -> tuple[Tensor, int]:
     return order, z1.shape[-1] - kept
 
 
+def exact_last(z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, int]:
+    """z1, z2 with the dimensions :func:`exact_dims` picks moved last, and their count."""
+    order, exact = exact_dims(z1, z2)
+    if exact == 0:
+        return z1, z2, 0
+    return z1[..., order], z2[..., order], exact
+
+
 def sq_norms(z: Tensor, exact: int = 0) -> Tensor:
     """Squared norms over the first ``d − exact`` dimensions, shape (..., n)."""
     head = z[..., : z.shape[-1] - exact]
@@ -149,7 +159,9 @@ def inner_products(z1: Tensor, z2: Tensor, out: Tensor, exact: int = 0) -> Tenso
 
 
 def _sqdist(P: Tensor, sq1: Tensor, sq2: Tensor) -> Tensor:
-    return (sq1 + sq2 - 2.0 * P).clamp_min(0.0)  # (B, c, w)
+    # Clamped above at FAR_SQDIST, where every profile is already exactly 0: an overflowed D² = ∞
+    # then gives φ = 0 (its limit) instead of Matérn's ∞ · 0 = NaN (issue #46); same cost.
+    return (sq1 + sq2 - 2.0 * P).clamp(0.0, FAR_SQDIST)  # (B, c, w)
 
 
 def _store(P: Tensor, G: Tensor, K: Tensor, H: Tensor) -> tuple[Tensor, Tensor]:

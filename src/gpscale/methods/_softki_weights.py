@@ -49,17 +49,55 @@ class SoftmaxInterpolation:
 
         ``scale`` (broadcastable to (d,)): distances are taken between x / scale and z / scale
         (``None``: plain Euclidean, the paper's).
+
+        The logits are −(‖x_i − z_j‖ − s_i)/τ, shifted by a row constant s_i (softmax ignores
+        it) and computed without forming and cancelling ‖x_i‖² (:class:`_ShiftedDistance`): a
+        row far from z keeps its exact limit softmax_j(x̂_iᵀz_j/τ) (the expansion gave rounding
+        noise at 10²⁰ and NaN at 10²⁰⁰; issue #46), and each row's weights depend on it alone.
         """
         shift = z.detach().mean(0, keepdim=True)  # distances are translation invariant
         xs, zs = x - shift, z - shift
         if scale is not None:
             scale = scale.reshape(-1).to(xs.dtype)
             xs, zs = xs / scale, zs / scale
-        sq = (xs.square().sum(-1, keepdim=True) - 2 * xs @ zs.mT
-              + zs.square().sum(-1)[None, :])  # (n, m) ‖x_i − z_j‖²
-        # clamp: rounding can make sq slightly negative; below `tiny` the gradient is 0, not inf
-        dist = sq.clamp_min(torch.finfo(sq.dtype).tiny).sqrt()
-        return torch.softmax(-dist / self.temperature, dim=-1)
+        return torch.softmax(_ShiftedDistance.apply(xs, zs) / -self.temperature, dim=-1)
+
+
+class _ShiftedDistance(torch.autograd.Function):
+    """‖x_i − z_j‖ − s_i (n, m) with s_i = (‖x_i‖² + 1)^½, for x (n, d) and z (m, d).
+
+    D²_ij comes from the norm expansion as before; the value is b_ij / (D_ij + s_i) with b_ij =
+    ‖z_j‖² − 1 − 2 x_iᵀz_j = D²_ij − s_i², formed without ‖x_i‖², so that it stays exact far
+    away (→ −x̂_iᵀz_j) where D − s would cancel. Each row is taken in units of a power of two
+    near its largest coordinate, so nothing overflows; the scalings are exact, so D² is the old
+    expansion's number (0 where x_i = z_j). Backward by hand: with H = Ḡ / D (0 where D² hit
+    its clamp), x̄ = diag(H 1 − Ḡ 1 / s) x − H z and z̄ = diag(Hᵀ 1) z − Hᵀ x.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, z: Tensor) -> Tensor:
+        unit = torch.exp2(torch.floor(torch.log2(x.abs().amax(-1, keepdim=True).clamp_min(1.0))))
+        x_unit = x / unit  # (n, d), |x_unit| < 2
+        inv2 = unit.reciprocal().square()  # (n, 1); 0 where it underflows (negligible there)
+        zz = z.square().sum(-1)[None, :]  # (1, m)
+        xx = x_unit.square().sum(-1, keepdim=True)  # (n, 1)
+        G2 = torch.mm(x_unit * (-2.0 / unit), z.mT)  # −2 xᵀz / unit² (n, m)
+        sq = (G2 + xx).addcmul_(inv2, zz)  # D² / unit²
+        b = G2.addcmul_(inv2, zz - 1.0)  # (D² − s²) / unit²
+        # clamp: rounding can make D² slightly negative; below `tiny` the gradient is 0
+        dist = sq.clamp_min_(torch.finfo(sq.dtype).tiny).sqrt_()  # D / unit
+        s = (xx + inv2).sqrt_()  # s / unit
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(x, z, dist * unit, s * unit)
+        return b.div_(dist.add_(s)).mul_(unit)  # D − s
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        x, z, dist, s = ctx.saved_tensors
+        tiny = torch.finfo(dist.dtype).tiny ** 0.5
+        H = torch.where(dist > tiny, grad / dist, 0.0)  # (n, m)
+        rows = H.sum(-1, keepdim=True) - grad.sum(-1, keepdim=True) / s  # (n, 1)
+        return rows * x - H @ z, H.sum(0)[:, None] * z - H.mT @ x
 
 
 def distance_scale(kernel: gpytorch.kernels.Kernel, distance: str,

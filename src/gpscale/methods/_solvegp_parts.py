@@ -17,8 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpscale.kernels import kernel_hyperparameters, kernel_matrix
-from gpscale.linalg import fused
+from gpscale.kernels import kernel_matrix
 from gpscale.linalg.ops import safe_cholesky, upcast
 from gpscale.methods._common import kmeans_points
 from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS, Option
@@ -209,68 +208,12 @@ def _chol_lambda(B: Tensor, noise: Tensor) -> Tensor:
     return safe_cholesky(eye + B @ B.mT / noise, name="I + BBᵀ/σ²")
 
 
-# -- kernel matrices in one autograd node --------------------------------------------------------
-class _StationaryMatrix(torch.autograd.Function):
-    """s φ(D²) for D²_ij = ‖z1_i − z2_j‖² (z = x/ℓ), with the profiles of
-    :mod:`gpscale.linalg.fused` (the same elementwise code as the matrix-free products).
-
-    Nothing n1 × n2 is kept for the backward pass: it recomputes the inner products and takes
-    H = (s Ḡ) ⊙ φ'(D²) from the profile's vjp; then ∂z1 = 2(diag(H 1) z1 − H z2),
-    ∂z2 = 2(diag(Hᵀ 1) z2 − Hᵀ z1) and ∂s = ⟨Ḡ, φ⟩.
-    """
-
-    @staticmethod
-    def forward(ctx, z1: Tensor, z2: Tensor, s: Tensor, profile: str, exact: int) -> Tensor:
-        value, _ = fused.PROFILES[profile]
-        P, sq1, sq2 = _inner(z1, z2, exact)
-        value(P, sq1, sq2)  # P ← φ(D²)
-        ctx.save_for_backward(z1, z2, s)
-        ctx.profile, ctx.exact = profile, exact
-        return P.mul_(s[..., None, None])
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        z1, z2, s = ctx.saved_tensors
-        _, vjp = fused.PROFILES[ctx.profile]
-        P, sq1, sq2 = _inner(z1, z2, ctx.exact)
-        H = grad * s[..., None, None]
-        rows, cols = vjp(P, sq1, sq2, H)  # P ← φ(D²), H ← (s Ḡ) ⊙ φ'(D²)
-        grad_s = (grad * P).sum((-2, -1)) if ctx.needs_input_grad[2] else None
-        grad_z1 = 2 * torch.baddbmm(rows[..., None] * z1, H, z2, alpha=-1)
-        grad_z2 = 2 * torch.baddbmm(cols[..., None] * z2, H.mT, z1, alpha=-1)
-        return grad_z1, grad_z2, grad_s, None, None
-
-
-def _inner(z1: Tensor, z2: Tensor, exact: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Inner products P (B, n1, n2) and the squared norms (B, n1, 1), (B, 1, n2)."""
-    P = z1.new_empty(z1.shape[0], z1.shape[1], z2.shape[1])
-    fused.inner_products(z1, z2, P, exact)
-    return P, fused.sq_norms(z1, exact)[..., None], fused.sq_norms(z2, exact)[..., None, :]
-
-
 def kernel_matrix_fused(kernel, x1: Tensor, x2: Tensor) -> Tensor:
-    """K(x1, x2) (..., n1, n2), as :func:`gpscale.kernels.kernel_matrix` but, for
-    ``[ScaleKernel]`` of a stationary profile of :data:`gpscale.linalg.fused.PROFILES` on
-    batched (B, n, d) inputs, one autograd node; other kernels and shapes go through GPyTorch.
-
-    Distances use ‖z1‖² + ‖z2‖² − 2 z1ᵀz2 on inputs centred at the mean of x1 (as GPyTorch),
-    with the dimensions whose coordinates are too large for that expansion entering exactly
-    (:func:`gpscale.linalg.fused.exact_dims`). Cost O(n1 n2 d) in one matrix product plus
-    O(n1 n2) elementwise, each way; the backward pass keeps nothing of size n1 × n2.
-    """
-    hp = kernel_hyperparameters(kernel)
-    if (hp is None or hp.profile not in fused.PROFILES or x1.dim() != 3 or x2.dim() != 3
-            or hp.lengthscale.shape[-1] not in (1, x1.shape[-1])):
-        return kernel_matrix(kernel, x1, x2)
-    shift = x1.detach().mean(-2, keepdim=True)  # distances are translation invariant
-    z1, z2 = (x1 - shift) / hp.lengthscale, (x2 - shift) / hp.lengthscale  # (*batch, n, d)
-    batch = torch.broadcast_shapes(z1.shape[:-2], z2.shape[:-2], hp.outputscale.shape)
-    z1, z2 = (z.expand(*batch, *z.shape[-2:]) for z in (z1, z2))
-    order, exact = fused.exact_dims(z1, z2)
-    if exact:  # the exactly-summed dimensions go last
-        z1, z2 = z1[..., order], z2[..., order]
-    return _StationaryMatrix.apply(z1.contiguous(), z2.contiguous(),
-                                   hp.outputscale.expand(batch), hp.profile, exact)
+    """K(x1, x2) (..., n1, n2) by :func:`gpscale.kernels.kernel_matrix`: for ``[ScaleKernel]``
+    of a stationary profile one autograd node (the profiles of :mod:`gpscale.linalg.fused`,
+    nothing n1 × n2 kept for backward), with distances taken within reach so that a far test
+    point in x2 changes no other column (issue #46); other kernels through GPyTorch."""
+    return kernel_matrix(kernel, x1, x2)
 
 
 def tri_solve(L: Tensor, X: Tensor) -> Tensor:

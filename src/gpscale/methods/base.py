@@ -78,6 +78,10 @@ class Method(nn.Module, ABC):
         with torch.no_grad():
             return self.condition(x, y)
 
+    summary_types: tuple[type, ...] = ()
+    """The dataclasses a :meth:`summary` is made of: a saved file holds them as plain records,
+    and loading rebuilds only these types (``gpscale.files.rebuild``)."""
+
     def summary(self, state: Any) -> Any | None:
         """What of ``state`` a saved model keeps instead of its training data, or ``None``
         when the method must keep the data (the default). Its size must not grow with n."""

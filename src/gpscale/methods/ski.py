@@ -79,13 +79,14 @@ import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive
-from gpscale.kernels import kernel_hyperparameters
+from gpscale.kernels import kernel_diag, kernel_hyperparameters
 from gpscale.linalg.factorized import span_cg, span_lanczos
 from gpscale.linalg.grid import Grid, Interpolation, interpolate, make_grid
 from gpscale.linalg.ops import rademacher, safe_cholesky
+from gpscale.linalg.reach import beyond_box
 from gpscale.linalg.solvers.cg import ConjugateGradient
 from gpscale.linalg.solvers.lanczos import lanczos, lanczos_quadrature
-from gpscale.linalg.stencil import pair_offsets
+from gpscale.linalg.stencil import GramStencil, pair_offsets
 from gpscale.linalg.toeplitz import GridKernel, grid_kernel
 from gpscale.linalg.whitened import WhitenedSystem, marginal_grams
 from gpscale.methods._common import (
@@ -141,18 +142,33 @@ def _loss(state: GridState) -> Tensor:
 
 
 def _predict(model, state: GridState, x_test: Tensor, var_term, chunk_size: int) -> Predictive:
-    """Mean μ + w_*ᵀa and variance w_*ᵀK_Gw_* − var_term(rows, GK) (clamped at 0)."""
+    """Mean μ + w_*ᵀa and variance w_*ᵀK_Gw_* − var_term(rows, GK) (clamped at 0); a point
+    beyond the kernel's reach of the grid (:func:`~gpscale.linalg.reach.beyond_box`: its kernel
+    values with every datum are 0) gets the prior μ, k(x, x) and stays out of the others' solves
+    (issue #46); other points outside the grid remain an error."""
     check_x(x_test, num_dims=model.num_dims, name="x_test")
     grid = model.grid
     with torch.no_grad():
         GK = _kernel_on_grid(model.kernel, grid)
         pairs = pair_offsets(grid.support, grid.num_dims)
         term = var_term(GK)
+        lower, upper = (torch.tensor(b, dtype=_F64, device=x_test.device) for b in grid.bounds())
+        lengthscale = kernel_hyperparameters(model.kernel).lengthscale.to(_F64)
 
-        def chunk(xc: Tensor) -> Predictive:
+        def moments(xc: Tensor) -> tuple[Tensor, Tensor]:
             rows = interpolate(grid, xc)
             mean = state.mean_constant.to(_F64) + rows.matmul(state.mean_weights)
-            var = (GK.interp_quad(rows, pairs) - term(rows)).clamp_min(0.0)
+            return mean, (GK.interp_quad(rows, pairs) - term(rows)).clamp_min(0.0)
+
+        def chunk(xc: Tensor) -> Predictive:
+            near = ~beyond_box(xc.to(_F64), lower, upper, lengthscale)  # (t,)
+            if bool(near.all()):
+                mean, var = moments(xc)
+            else:  # the prior, and the moments of the rest from them alone
+                mean = state.mean_constant.to(_F64).expand(xc.shape[0]).clone()
+                var = kernel_diag(model.kernel, xc).to(_F64)
+                if bool(near.any()):
+                    mean[near], var[near] = moments(xc[near])
             return Predictive(mean.to(xc.dtype), var.to(xc.dtype), noise=state.noise)
 
         return predict_in_chunks(chunk, x_test, chunk_size)
@@ -183,6 +199,7 @@ class GGP(Method):
 
     key = "ggp"
     needs_data_for_prediction = True
+    summary_types = (SufficientStatistics, Grid, GramStencil)
 
     def __init__(self, mean, kernel, likelihood, *, num_dims: int, options: dict[str, Any]):
         super().__init__(task="regression", options=options)

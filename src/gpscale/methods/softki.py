@@ -202,6 +202,7 @@ class SoftKI(Method):
     key = "softki"
     minibatch = True
     needs_data_for_prediction = True
+    summary_types = (SoftKIPosterior,)
 
     def __init__(self, kernel: gpytorch.kernels.Kernel, inducing_points: Tensor,
                  weights: Callable[[Tensor, Tensor], Tensor], *, noise: float = 1e-3,

@@ -47,8 +47,8 @@ Likelihoods (gpscale.likelihoods): Gaussian, closed form; binary labels: one lat
 logistic Bernoulli, E[log p] and p(y = 1) by Gauss–Hermite quadrature (``num_quadrature`` nodes);
 C > 2 classes: C independent latent GPs (own kernel hyperparameters, own Z and O, as the ``svgp``
 baseline), softmax, E[log p] and probabilities by Monte Carlo with ``num_likelihood_samples``
-reparameterised draws from the independent marginals (prediction draws from a generator seeded
-with ``seed``; training draws from the global generator or the one passed to ``loss``).
+reparameterised draws from the independent marginals (prediction: one set of draws seeded with
+``seed``, shared by all points; training draws from the global generator or ``loss``'s).
 
 Initialisation: k-means with M + M2 centres on (a seeded subsample of) the inputs, randomly split
 into Z (M) and O (M2), so that no o_i sits on a z_j (C_vv would be singular there, notes §5);
@@ -125,11 +125,9 @@ from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
 
-__all__ = [
-    "OBJECTIVES", "ORTHOGONAL_Q", "InducingFactors", "Projections", "SolveGP", "SolveGPState",
-    "WhitenedQ", "build_solvegp", "collapsed_bound", "gauss_hermite", "kl_whitened",
-    "optimal_q_u", "optimal_q_v",
-]
+__all__ = ["OBJECTIVES", "ORTHOGONAL_Q", "InducingFactors", "Projections", "SolveGP",
+           "SolveGPState", "WhitenedQ", "build_solvegp", "collapsed_bound", "gauss_hermite",
+           "kl_whitened", "optimal_q_u", "optimal_q_v"]
 
 TASKS = ("regression", "classification")
 DEFAULT_JITTER = {torch.float32: 1e-4, torch.float64: 1e-6}
@@ -328,8 +326,7 @@ class SolveGP(Method):
 
     def predict(self, state: SolveGPState | None, x_test: Tensor,
                 chunk_size: int = 4096) -> Predictive:
-        """Marginal predictive at ``x_test`` (t, d), Eqs. (37)–(38); ``state`` may be ``None``
-        for ``elbo`` (the module's q is used)."""
+        """Marginals at ``x_test`` (t, d), Eqs. (37)–(38); ``state=None``: the module's q (elbo)."""
         check_x(x_test, num_dims=self.num_dims, name="x_test")
         if state is None:
             if self.objective == "collapsed":
@@ -339,11 +336,13 @@ class SolveGP(Method):
             q = self.variational(factors)
         else:
             factors, q = state.factors, state.q
-        generator = torch.Generator().manual_seed(self.seed)
+        eps = torch.randn((self.num_likelihood_samples, self.inducing_points.shape[0], 1),
+                          generator=torch.Generator().manual_seed(self.seed),
+                          dtype=x_test.dtype).to(x_test.device)  # the same for every point
 
         def chunk(xc: Tensor) -> Predictive:
             mean, var = self.marginals(q, self.projections(factors, xc))
-            return self._predictive(mean, var, generator)
+            return self._predictive(mean, var, eps)
 
         return predict_in_chunks(chunk, x_test, chunk_size)
 
@@ -400,13 +399,13 @@ class SolveGP(Method):
                           device=getattr(generator, "device", mean.device), dtype=mean.dtype)
         return mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps.to(mean.device)
 
-    def _predictive(self, mean: Tensor, var: Tensor, generator: torch.Generator) -> Predictive:
+    def _predictive(self, mean: Tensor, var: Tensor, eps: Tensor) -> Predictive:
         if self.task == "regression":
             return Predictive(mean[0], var[0], noise=self.noise)
         if not self._softmax:
             p1 = gauss_hermite(torch.sigmoid, mean[0], var[0], self.num_quadrature)
             return Predictive(mean[0], var[0], probs=torch.stack([1 - p1, p1], -1))
-        probs = torch.softmax(self._draw(mean, var, generator), 1).mean(0)  # (C, t)
+        probs = torch.softmax(mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps, 1).mean(0)
         return Predictive(mean.mT, var.mT, probs=probs.mT)
 
 

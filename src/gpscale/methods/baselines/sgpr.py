@@ -37,7 +37,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from gpscale.distributions import Predictive, concat
+from gpscale.distributions import Predictive
 from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
@@ -116,22 +116,13 @@ class SGPR(Method):
     def predict(self, state: ExactGPState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
         """Titsias' predictive in chunks of ``chunk_size`` test points."""
         check_x(x_test, num_dims=self.num_dims, name="x_test")
-
-        def chunk(xc: Tensor) -> Predictive:
-            n = state.x.shape[0]
-            if n > 1 and xc.shape == state.x.shape and torch.equal(xc, state.x):
-                # InducingPointKernel treats k(x_*, x) with x_* == x as a training covariance,
-                # which SGPRPredictionStrategy rejects; predict the two halves separately.
-                return concat([gaussian_predictive(state, xc[: n // 2]),
-                               gaussian_predictive(state, xc[n // 2:])])
-            return gaussian_predictive(state, xc)
-
-        # The diagonal correction restores k(x_*, x_*) in the test prior (GPyTorch 1.15 evaluates
-        # the test covariance before SGPRPredictionStrategy can swap in the base kernel, see
-        # cornellius-gp/gpytorch#2749); ConditionedExactGP keeps it off the training prior.
-        with (self.settings.context(), gpytorch.settings.sgpr_diagonal_correction(True),
-              gpytorch_mode(self, training=False)):
-            return predict_in_chunks(chunk, x_test, chunk_size)
+        # The test covariances come from ConditionedExactGP's hook: Q(x_*, x) as the factors
+        # K_*z K_zz^{-1/2}, and the prior variance k(x_*, x_*) from the base kernel (what
+        # GPyTorch's diagonal correction restored; cornellius-gp/gpytorch#2749), so neither the
+        # correction nor a split of x_* == x (InducingPointKernel's training case) is needed.
+        with self.settings.context(), gpytorch_mode(self, training=False):
+            return predict_in_chunks(lambda xc: gaussian_predictive(state, xc), x_test,
+                                     chunk_size)
 
 
 def build_sgpr(num_dims: int, *, task: str = "regression", num_classes: int | None = None,

@@ -24,7 +24,8 @@ Predictive: q(f_*) marginals; Gaussian regression adds ``noise`` σ²; binary pr
 GPyTorch's analytic probit marginal Φ(μ/√(1+s²)); softmax probabilities are a Monte Carlo
 average over ``num_likelihood_samples`` draws ε (seeded with ``seed``) shared by every test
 point, f = μ + σ ⊙ ε: a point's probabilities depend on its own marginals only, not on the
-other points in the call, their order or the chunking.
+other points in the call, their order or the chunking. A test point beyond the kernel's reach of
+every inducing point predicts the prior (mean constant, variance outputscale + jitter).
 
 q(v) starts at the whitened prior N(0, I); inducing inputs at k-means centres of the ``init``
 inputs. Cost per step: O(b m² + m³) time (C times for C > 2 classes), O(b m + m²) memory.
@@ -43,6 +44,8 @@ import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive, concat
+from gpscale.kernels import kernel_hyperparameters
+from gpscale.linalg import reach
 from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
@@ -230,6 +233,11 @@ class SVGP(Method):
             return predict_in_chunks(chunk, x_test, chunk_size)
 
     def _predict_rows(self, x: Tensor, eps: Tensor | None) -> Predictive:
+        hp = kernel_hyperparameters(self.gp.covar_module)
+        if hp is not None:  # issue #46: rows beyond the kernel's reach of every inducing point
+            # predict the prior either way, but GPyTorch would form infinite distances there
+            # (Matérn: ∞ · 0 = NaN); one finite point beyond reach stands in for them.
+            x = reach.park(x, self.inducing_points, hp.lengthscale)
         q_f = self.gp(x)
         mean, variance = q_f.mean, q_f.variance
         if self.task == "regression":
