@@ -134,3 +134,95 @@ def test_iterncgp_classifier_with_default_options(labels):
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-6)
     assert list(clf.classes_) == sorted(labels.tolist())
     assert clf.score(X, labels[index]) > 0.9
+
+
+@pytest.mark.parametrize("params, name", [
+    ({"lr": "fast"}, "lr"), ({"lr": float("nan")}, "lr"), ({"lr": float("inf")}, "lr"),
+    ({"lr": 0.0}, "lr"), ({"lr": -0.1}, "lr"), ({"epochs": 0}, "epochs"),
+    ({"epochs": 2.5}, "epochs"), ({"batch_size": "big"}, "batch_size"),
+    ({"optimizer": "sgd"}, "optimizer"), ({"scheduler": "cosine"}, "scheduler"),
+    ({"dtype": "float16"}, "dtype"), ({"max_time": 0}, "max_time"),
+    ({"standardize": "yes"}, "standardize"), ({"random_state": "seven"}, "random_state"),
+    ({"random_state": -1}, "random_state"), ({"method": 3}, "method")])
+def test_bad_parameters_name_the_parameter(regression_data, params, name):
+    """Finding 10: each parameter is checked in fit (scikit-learn's _parameter_constraints);
+    the error, a ValueError and a TypeError at once, names it."""
+    X, y = regression_data
+    reg = GPRegressor(**{"method": "exact", "epochs": 2, **params})
+    with pytest.raises(ValueError, match=f"The '{name}' parameter of GPRegressor must be"):
+        reg.fit(X, y)
+    with pytest.raises(TypeError, match=f"'{name}' parameter"):
+        reg.fit(X, y)
+
+
+def test_sklearn_param_validation_check():
+    """scikit-learn's own check of _parameter_constraints (not in check_estimator's list)."""
+    from sklearn.utils.estimator_checks import check_param_validation
+
+    check_param_validation("GPRegressor", GPRegressor(method="exact", epochs=2))
+    check_param_validation("GPClassifier", GPClassifier(method="svgp", epochs=2))
+
+
+def test_random_state_none_draws_from_numpys_global_rng(regression_data):
+    """random_state=None (scikit-learn's convention) works; np.random.seed reproduces it; a
+    RandomState instance is accepted too."""
+    X, y = regression_data
+    fits = []
+    for _ in range(2):
+        np.random.seed(5)
+        fits.append(GPRegressor(method="svgp", num_inducing=10, epochs=3,
+                                random_state=None).fit(X, y).predict(X[:5]))
+    np.testing.assert_array_equal(*fits)
+    reg = GPRegressor(method="svgp", num_inducing=10, epochs=3,
+                      random_state=np.random.RandomState(1)).fit(X, y)
+    assert np.isfinite(reg.predict(X[:5])).all()
+
+
+def test_nonfinite_inputs_name_the_rows(regression_data):
+    X, y = regression_data
+    bad_y = y.copy()
+    bad_y[[3, 17]] = [np.nan, np.inf]
+    with pytest.raises(ValueError, match=r"y contains NaN or inf values \(first rows: \[3, 17\]"):
+        GPRegressor(method="exact", epochs=2).fit(X, bad_y)
+    reg = GPRegressor(method="exact", epochs=2).fit(X, y)
+    bad_x = X[:6].copy()
+    bad_x[4, 0] = np.inf
+    with pytest.raises(ValueError, match=r"X contains NaN or inf values \(first rows: \[4\]"):
+        reg.predict(bad_x)
+    small = GPRegressor(method="exact", epochs=2).fit(X / 100, y)  # x_std < 1
+    with pytest.raises(ValueError, match=r"X rows \[0, 1\] \(0-based\) are beyond float64 once "
+                                         "standardised"):
+        small.predict(np.full((2, 2), 1.7e308))
+
+
+def _poison(est, rows):
+    """Make ``est``'s model return NaN predictions at the given test rows."""
+    predict = est.model_.predict
+
+    def poisoned(state, x):
+        pred = predict(state, x)
+        mean = pred.mean.clone()
+        mean[rows] = float("nan")
+        probs = None if pred.probs is None else pred.probs.clone()
+        if probs is not None:
+            probs[rows] = float("nan")
+        return type(pred)(mean, pred.variance, pred.noise, probs, pred.rate)
+
+    est.model_.predict = poisoned
+
+
+def test_nonfinite_predictions_are_an_error_naming_the_rows(regression_data):
+    """Item 4: a NaN or inf prediction never leaves predict or predict_proba."""
+    X, y = regression_data
+    reg = GPRegressor(method="exact", epochs=2).fit(X, y)
+    _poison(reg, [2, 5])
+    for call in (lambda: reg.predict(X[:8]), lambda: reg.predict(X[:8], return_std=True)):
+        with pytest.raises(ValueError, match=r"predictive mean or standard deviation is NaN or "
+                                             r"inf for rows \[2, 5\] of X \(0-based\)"):
+            call()
+    labels = (X[:, 0] > 0).astype(int)
+    clf = GPClassifier(method="svgp", num_inducing=8, epochs=2).fit(X, labels)
+    _poison(clf, [1])
+    for call in (clf.predict_proba, clf.predict):
+        with pytest.raises(ValueError, match=r"class probability is NaN or inf for rows \[1\]"):
+            call(X[:4])

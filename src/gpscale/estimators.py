@@ -15,15 +15,28 @@ estimator is made and again in ``fit``: an unknown name or an ill-typed value is
 listing the valid options. Training options default to the method's own
 (:data:`gpscale.training.METHOD_DEFAULTS`). ``device="cuda"`` (or ``"auto"``) trains and predicts
 on a GPU; predictions come back as NumPy arrays either way.
+
+The estimator's own parameters are checked in ``fit``, as scikit-learn does, against
+``_parameter_constraints``: a wrong type or value (``lr="fast"``, ``lr=0``, ``epochs=0``) is
+scikit-learn's ``InvalidParameterError`` (a ``ValueError`` and a ``TypeError``) naming the
+parameter and what it accepts. ``random_state`` follows scikit-learn: an integer seeds training
+(the default 0, so that two fits agree), ``None`` draws a seed from NumPy's global random state
+(``np.random.seed`` makes that reproducible) and a ``RandomState`` instance draws one from itself.
+
+NaN or inf in X or y is a ``ValueError`` naming the first rows; so is a NaN or inf prediction
+(``predict``, ``predict_proba``): no non-finite number is returned.
 """
 
 from __future__ import annotations
 
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -34,7 +47,9 @@ from gpscale.methods import auto
 from gpscale.methods.auto import AUTO
 from gpscale.methods.registry import METHODS, get_spec
 from gpscale.training import History, resolve_fit_config
+from gpscale.training.config import DTYPES, OPTIMIZERS, SCHEDULERS
 from gpscale.training.harness import cast, train_method
+from gpscale.validation import check_finite_output, check_x, nonfinite_rows
 
 __all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload"]
 
@@ -46,11 +61,29 @@ class _GPEstimator(BaseEstimator):
 
     _task = "regression"
 
+    # Checked in fit (scikit-learn's _validate_params); method options are checked against
+    # the method's own declaration instead.
+    _parameter_constraints: dict[str, list[Any]] = {
+        "method": [str],
+        "epochs": [Interval(Integral, 1, None, closed="left"), None],
+        "lr": [Interval(Real, 0, None, closed="neither"), None],
+        "batch_size": [Interval(Integral, 1, None, closed="left"), None],
+        "optimizer": [StrOptions(set(OPTIMIZERS)), None],
+        "max_time": [Interval(Real, 0, None, closed="neither"), None],
+        "scheduler": [StrOptions(set(SCHEDULERS)), None],
+        "dtype": [StrOptions(set(DTYPES)), None],
+        "device": [str, None],
+        "standardize": ["boolean"],
+        "random_state": ["random_state"],
+        "progress": ["boolean"],
+    }
+
     def __init__(self, method: str = "auto", *, epochs: int | None = None,
                  lr: float | None = None, batch_size: int | None = None,
                  optimizer: str | None = None, max_time: float | None = None,
                  scheduler: str | None = None, dtype: str | None = None,
-                 device: str | None = None, standardize: bool = True, random_state: int = 0,
+                 device: str | None = None, standardize: bool = True,
+                 random_state: int | np.random.RandomState | None = 0,
                  progress: bool = False, **options: Any):
         self.method = method
         self.epochs = epochs
@@ -96,20 +129,29 @@ class _GPEstimator(BaseEstimator):
         return self
 
     # -- fitting --------------------------------------------------------------------------------
+    def _check_xy(self, X, y, **kwargs: Any):
+        """``validate_data`` for fit, with the parameters checked first and NaN or inf in X
+        or y reported by row."""
+        self._validate_params()
+        _check_finite_targets(y)
+        X, y = validate_data(self, X, y, dtype=np.float64, ensure_all_finite=False, **kwargs)
+        check_x(torch.from_numpy(X))
+        return X, y
+
     def _fit_tensors(self, x: torch.Tensor, y: torch.Tensor, num_classes: int | None) -> None:
         if x.shape[0] < 2:
             raise ValueError(f"{type(self).__name__} needs at least 2 samples; got "
                              f"n_samples={x.shape[0]}")
         self.method_, options = self._choose_method(x, num_classes)
+        seed = _seed(self.random_state)
         config = resolve_fit_config(
-            self.method_, x.shape[0], dtype=self.dtype,
-            seed=int(self.random_state), progress=bool(self.progress),
+            self.method_, x.shape[0], dtype=self.dtype, seed=seed, progress=bool(self.progress),
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
         self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression")
                            if self.standardize else None)
         train = cast(self._transform_xy(x, y), config, self._task)
         trained = train_method(self.method_, train, task=self._task, num_classes=num_classes,
-                               options=options, config=config, seed=int(self.random_state))
+                               options=options, config=config, seed=seed)
         self.model_ = trained.model
         self.history_: History = trained.history
         self.fit_config_ = config
@@ -139,10 +181,15 @@ class _GPEstimator(BaseEstimator):
 
     def _predictive(self, X) -> Predictive:
         check_is_fitted(self, "model_")
-        X = validate_data(self, X, reset=False, dtype=np.float64)
-        x = torch.tensor(X, dtype=torch.float64)
+        X = validate_data(self, X, reset=False, dtype=np.float64, ensure_all_finite=False)
+        x = check_x(torch.tensor(X, dtype=torch.float64))
         if self.transform_ is not None:
             x = self.transform_.transform_x(x)
+            bad = nonfinite_rows(x)
+            if bad:
+                raise ValueError(f"X rows {bad[:5]} (0-based) are beyond float64 once "
+                                 "standardised with the training statistics (far outside the "
+                                 "training data); remove or rescale them")
         x = x.to(device=self._train[0].device, dtype=self._train[0].dtype)
         with torch.no_grad():
             return self.model_.predict(self._state, x)
@@ -183,17 +230,25 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     """
 
     def fit(self, X, y) -> GPRegressor:
-        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
+        X, y = self._check_xy(X, y, y_numeric=True)
         self._fit_tensors(torch.tensor(X), torch.tensor(y, dtype=torch.float64), None)
         return self
 
     def predict(self, X, return_std: bool = False):
+        """The predictive mean of y at X, and with ``return_std`` its standard deviation.
+
+        Raises:
+            ValueError: NaN or inf in X, or in a prediction (naming the rows).
+        """
         pred = self._predictive(X)
-        mean, var = pred.mean.double(), pred.observed_variance.double()
+        mean, var = pred.mean.detach().double(), pred.observed_variance.detach().double()
         if self.transform_ is not None:
-            mean, var = self.transform_.inverse_mean(mean), self.transform_.inverse_variance(var)
-        mean_np = mean.cpu().numpy()
-        return (mean_np, var.sqrt().cpu().numpy()) if return_std else mean_np
+            mean, std = self.transform_.inverse_mean(mean), self.transform_.inverse_std(var)
+        else:
+            std = var.sqrt()
+        mean_np, std_np = mean.cpu().numpy(), std.cpu().numpy()
+        check_finite_output(mean_np, std_np, what="predictive mean or standard deviation")
+        return (mean_np, std_np) if return_std else mean_np
 
 
 class GPClassifier(ClassifierMixin, _GPEstimator):
@@ -207,7 +262,7 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     _task = "classification"
 
     def fit(self, X, y) -> GPClassifier:
-        X, y = validate_data(self, X, y, dtype=np.float64)
+        X, y = self._check_xy(X, y)
         # Float labels with a fractional part (a regression target passed by mistake) are a
         # ValueError with scikit-learn's hint, not one class per distinct value.
         check_classification_targets(y)
@@ -220,10 +275,17 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
         return self
 
     def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities (n, C) at X, columns in the order of ``classes_``.
+
+        Raises:
+            ValueError: NaN or inf in X, or in a probability (naming the rows).
+        """
         probs = self._predictive(X).probs
         if probs is None:
             raise ValueError(f"method {self.method_!r} returned no class probabilities")
-        return probs.double().cpu().numpy()
+        out = probs.detach().double().cpu().numpy()
+        check_finite_output(out, what="class probability")
+        return out
 
     def predict(self, X) -> np.ndarray:
         probs = self.predict_proba(X)  # NotFittedError before classes_ is looked up
@@ -231,6 +293,29 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
 
     def _extra_payload(self) -> dict[str, Any]:
         return {"classes": self.classes_}
+
+
+def _seed(random_state: Any) -> int:
+    """The training seed of ``random_state``: an integer itself; ``None`` (NumPy's global
+    random state) or a ``RandomState``: an integer drawn from it."""
+    if isinstance(random_state, Integral) and not isinstance(random_state, bool):
+        return int(random_state)
+    return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+
+
+def _check_finite_targets(y: Any) -> None:
+    """A ``ValueError`` naming the first rows (0-based) of numeric targets that hold NaN or inf
+    (scikit-learn's own check names none); anything else is left to ``validate_data``."""
+    try:
+        values = np.asarray(y)
+    except (ValueError, TypeError):
+        return
+    if values.dtype.kind not in "fc" or values.ndim == 0 or len(values) == 0:
+        return
+    bad = nonfinite_rows(values)
+    if bad:
+        raise ValueError(f"y contains NaN or inf values (first rows: {bad[:5]}); remove or "
+                         "impute those rows")
 
 
 def _is_auto(method: Any) -> bool:

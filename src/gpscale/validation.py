@@ -1,11 +1,16 @@
-"""Input checks run once, at public entry points (estimators, CLI, ``condition``)."""
+"""Input checks run once, at public entry points (estimators, CLI, ``condition``), and the
+check that no NaN or inf prediction leaves an entry point unnoticed."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["check_x", "check_xy", "check_num_points", "TASKS"]
+__all__ = ["check_x", "check_xy", "check_num_points", "check_finite_output", "nonfinite_rows",
+           "TASKS"]
 
 TASKS = ("regression", "classification", "counts")
 
@@ -25,7 +30,7 @@ def check_x(x: Tensor, *, num_dims: int | None = None, name: str = "X") -> Tenso
     if bool(bad.any()):
         rows = torch.nonzero(bad.any(1)).flatten()[:5].tolist()
         raise ValueError(f"{name} contains NaN or inf values (first rows: {rows}); "
-                         "remove or impute them before fitting")
+                         "remove or impute those rows")
     if num_dims is not None and x.shape[1] != num_dims:
         raise ValueError(f"{name} has {x.shape[1]} features, but the model was fitted with "
                          f"{num_dims}")
@@ -69,3 +74,32 @@ def check_num_points(n: int, needed: int, what: str) -> None:
     if n < needed:
         raise ValueError(f"{n} training points are fewer than the {needed} {what}; "
                          f"use at most {n} {what} or more data")
+
+
+def nonfinite_rows(*arrays: Any) -> list[int]:
+    """The rows (0-based) where any of ``arrays`` (NumPy arrays or tensors of equal length,
+    each (t,) or (t, ...)) holds NaN or inf."""
+    bad = np.zeros(len(arrays[0]), dtype=bool)
+    for a in arrays:
+        a = a.detach().cpu().numpy() if isinstance(a, Tensor) else np.asarray(a)
+        bad |= ~np.isfinite(a).reshape(len(a), -1).all(1)
+    return np.flatnonzero(bad).tolist()
+
+
+def check_finite_output(*outputs: Any, what: str, rows_of: str = "X") -> None:
+    """Raise when a prediction is NaN or inf, naming the first rows (0-based) of ``rows_of``.
+
+    Args:
+        *outputs: the predicted arrays, each (t,) or (t, k).
+        what: what was predicted, for the message (``"predictive mean or std"``).
+        rows_of: the input whose rows the outputs follow.
+
+    Raises:
+        ValueError: some row of the outputs is not finite.
+    """
+    bad = nonfinite_rows(*outputs)
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ValueError(f"the {what} is NaN or inf for rows {bad[:5]}{more} of {rows_of} "
+                         "(0-based); those inputs may lie far outside the training data: "
+                         "remove them, or fit on data that covers them")

@@ -143,8 +143,8 @@ def test_nonfinite_and_missing_inputs_name_line_and_column(tmp_path):
     with pytest.raises(ValueError, match="line 3, column 'b': empty value"):
         load_csv(path, "y")
     path = _lines(tmp_path / "f.csv", "1;2,5;3", "4;5,5;6", "7;8;9")
-    with pytest.raises(ValueError, match="line 1, column 1: '2,5' is not a number .a decimal "
-                                         "comma"):
+    with pytest.raises(ValueError, match=r"uses decimal commas \('2,5' on line 1, column 1\); "
+                                         r"gpscale reads '\.' as the decimal point"):
         load_csv(path, -1)
 
 

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpscale.data.csv import load_csv
 from gpscale.data.datasets import standardized_dataset
 from gpscale.data.transforms import Standardizer
 
@@ -150,3 +151,45 @@ def test_inplace_transform_overwrites_its_input_and_equals_the_copy():
     t3 = Standardizer.fit(ints.double(), None)
     torch.testing.assert_close(t3.transform_x(ints, inplace=True),
                                t3.transform_x(ints.double()), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("scale, offset", [(1e-300, 0.0), (1e-305, 0.0), (4096.0, 2.0 ** 64),
+                                           (1.0, 1e15), (1e300, 0.0)],
+                         ids=["1e-300", "subnormal-ish", "near 2**64", "1e15 offset", "1e300"])
+def test_columns_of_any_scale_are_kept_and_standardised(scale, offset):
+    """Finding 9: a spread of 1e-300 (whose square underflows) or a few units of the last place
+    near 2**64 (which a plain sum loses) is not a constant column."""
+    u = torch.tensor([0.0, 1.0, 2.0, 3.0, 5.0, 8.0], dtype=torch.float64)
+    x = torch.stack([offset + scale * u, u], 1)
+    t = Standardizer.fit(x, offset + scale * u)
+    assert t.kept_columns == (0, 1)
+    z = t.transform_x(x)
+    expected = (u - u.mean()) / u.std(correction=0)
+    torch.testing.assert_close(z[:, 0], expected, rtol=1e-12, atol=1e-12)
+    # y's mean is one float64: exact to the spacing of float64 numbers at y, over y's std
+    atol = 1e-12 + torch.finfo(torch.float64).eps * offset / float(t.y_std)
+    torch.testing.assert_close(t.transform_y(offset + scale * u), expected, rtol=1e-12,
+                               atol=atol)
+    assert Standardizer.from_dict(t.to_dict()) == t
+    var = torch.full((6,), 0.25, dtype=torch.float64)
+    torch.testing.assert_close(t.inverse_std(var), 0.5 * scale * u.std(correction=0)
+                               * torch.ones(6, dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+def test_constant_columns_are_still_dropped_and_an_overflowing_spread_is_named():
+    x = torch.tensor([[2.0 ** 64, 1.0], [2.0 ** 64 + 1.0, 2.0]], dtype=torch.float64)
+    assert Standardizer.fit(x).kept_columns == (1,)  # 2**64 + 1 == 2**64 in float64
+    with pytest.raises(ValueError, match=r"x columns \[0\] are too large to standardise"):
+        Standardizer.fit(torch.tensor([[-1.7e308, 0.0], [1.7e308, 1.0]], dtype=torch.float64))
+
+
+def test_load_csv_warns_naming_the_dropped_columns(tmp_path):
+    rows = [f"{i * 1e-300!r},{2 ** 64 + i},{i % 3}.5,{i * 0.25}" for i in range(30)]
+    path = tmp_path / "d.csv"
+    path.write_text("tiny,huge,c,y\n" + "\n".join(rows) + "\n")
+    with pytest.warns(UserWarning, match=r"dropped the input column 'huge' \(every value "
+                                         r"1\.8446744073709552e\+19\).*'huge' holds numbers of "
+                                         r"magnitude 2\*\*53 or more.*subtract an offset"):
+        data = load_csv(path, "y")
+    assert data.info["columns"] == ["tiny", "huge", "c"] and data.transform.kept_columns == (0, 2)
+    assert float(data.x_train[:, 0].std(correction=0)) == pytest.approx(1.0)

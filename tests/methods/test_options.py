@@ -186,9 +186,10 @@ def test_cli_bad_option_is_one_line_exit_2(capsys, option, fragment):
     assert fragment in err and "Traceback" not in err
 
 
-def test_cli_wrong_number_of_lengthscales_is_one_line_exit_2(capsys):
+def test_cli_wrong_number_of_lengthscales_is_one_line_exit_2(capsys, tmp_path):
     rc, out, err = _cli(capsys, "fit", "--dataset", "relevant32", "--data-option", "n=300",
-                        "--method", "svgp", "-o", "lengthscale=1,2", "--epochs", "1")
+                        "--method", "svgp", "-o", "lengthscale=1,2", "--epochs", "1",
+                        "--out", str(tmp_path / "run"))
     assert rc == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
     assert "lengthscale takes one value, or one per input dimension with ard=true (32 here); " \
            "got 2 values" in err

@@ -14,9 +14,19 @@ through pyarrow's CSV reader, Parquet through pyarrow, ``.npy`` memory-mapped
 (:mod:`gpscale.data.lines`), which also writes every error message: a ``ValueError`` naming the
 file, the line and the column for anything that cannot be read correctly: not UTF-8 text, a bad
 gzip stream, rows of different widths, duplicate header names, a header without data rows, empty
-or non-numeric inputs, and NaN or inf in inputs or targets. The delimiter is sniffed unless
-given: tab, semicolon, comma or ``|``, the first that splits the first lines into equally many
-fields. Parquet and ``.npy`` errors name rows (0-based) instead of lines.
+or non-numeric inputs, NaN or inf in inputs or targets, and decimal commas (``1,5``). The
+delimiter is sniffed unless given: tab, semicolon, comma or ``|``, the first that splits the
+first lines into equally many fields. Parquet and ``.npy`` errors name rows (0-based) instead of
+lines.
+
+Whether a text file's first row is a header is inferred (:mod:`gpscale.data.head`): text above
+numbers makes a header; so does a first row of numbers only when it is written unlike the rows
+below (quoted above unquoted numbers, or distinct integers above columns of decimals), which is
+logged as a warning on ``gpscale.data``; a first row of numbers read as data is logged at INFO.
+
+Input columns constant on the training rows are dropped with a warning naming them
+(:class:`~gpscale.data.transforms.Standardizer` keeps any column whose values differ, at any
+scale: ``1e-300`` apart or near ``2**64``).
 """
 
 from __future__ import annotations
@@ -49,8 +59,8 @@ def read_table(path: str | Path, *, delimiter: str | None = None,
     Args:
         path: the file; its name gives the format (see the module docstring).
         delimiter: field separator of a text file; ``None`` sniffs it. Text files only.
-        header: ``"infer"`` (a first row with text above numbers is a header), ``None`` or ``0``;
-            a Parquet file's header is its column names, a ``.npy`` file has none.
+        header: ``"infer"`` (the rules of :mod:`gpscale.data.head`), ``None`` or ``0``; a
+            Parquet file's header is its column names, a ``.npy`` file has none.
 
     Raises:
         OSError: the file cannot be opened.
@@ -77,11 +87,16 @@ def _read(path: Path, delimiter: str | None, header: str | int | None,
         return read_parquet(path) if kind == "parquet" else read_npy(path)
     table, why = read_csv_columns(path, delimiter=delimiter, header=header, target=target,
                                   labels=labels)
-    if table is not None:
-        return table
-    text = read_lines(path, delimiter=delimiter, header=header)  # raises what is wrong, if any
-    log.warning("%s: read line by line (slower) because %s", path, why)
-    return text
+    if table is None:
+        table = read_lines(path, delimiter=delimiter, header=header)  # raises what is wrong
+        log.warning("%s: read line by line (slower) because %s", path, why)
+    if table.header_note and table.names is not None:
+        log.warning("%s: %s; if it is data, add a header row of names that are not numbers (or "
+                    "pass header=None)", path, table.header_note)
+    elif table.header_note:
+        log.info("%s: %s; if it is a header, use names that are not numbers (or pass "
+                 "header=0)", path, table.header_note)
+    return table
 
 
 def numeric_columns(path: str | Path, table: Table, columns: list[int]) -> np.ndarray:
@@ -108,8 +123,9 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
         task: ``"regression"``, ``"classification"`` or ``"counts"``.
         test_fraction: fraction of rows in the test set.
         seed: seed of the random split.
-        header: ``"infer"`` (a first row with text above numbers is a header), ``None`` (no
-            header) or ``0`` (the first row is a header). Text files.
+        header: ``"infer"`` (text above numbers is a header; the rules for a first row of
+            numbers are in :mod:`gpscale.data.head`), ``None`` (no header) or ``0`` (the
+            first row is a header). Text files.
         delimiter: field separator; ``None`` sniffs it (tab, ';', ',' or '|'). Text files.
         dtype: floating dtype of x (and of y for regression and counts).
 
@@ -138,7 +154,7 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
                   else "")
         raise ValueError(f"{path} has a single column{layout}; it needs the target and at "
                          "least one input column")
-    col = target_index(target, names, width)
+    col = target_index(target, names, width, table.header_note if names is None else "")
     inputs = [j for j in range(width) if j != col]
     labels = names or [str(j) for j in range(width)]
     x = table.numeric(path, inputs)
@@ -156,10 +172,29 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
                             "target_index": col, "num_columns": width}
     if classes is not None:
         info["classes"] = classes
-    return standardized_dataset(path.name.split(".")[0], torch.from_numpy(x), y, train_idx,
-                                test_idx, task=task,
+    x = torch.from_numpy(x)
+    data = standardized_dataset(path.name.split(".")[0], x, y, train_idx, test_idx, task=task,
                                 num_classes=len(classes) if classes else None, dtype=dtype,
                                 info=info)
+    _warn_if_dropped(path, data, x[train_idx[:1]])
+    return data
+
+
+def _warn_if_dropped(path: Path, data: Dataset, first: torch.Tensor) -> None:
+    """Warn naming the input columns dropped as constant on the training rows (``first``: the
+    first training row, whose values they all hold)."""
+    dropped = data.transform.dropped_columns if data.transform is not None else ()
+    if not dropped:
+        return
+    names = data.info["columns"]
+    shown = ", ".join(f"{names[j]!r} (every value {float(first[0, j]):.17g})" for j in dropped)
+    big = [names[j] for j in dropped if abs(float(first[0, j])) >= 2.0 ** 53]
+    hint = (f"; {', '.join(map(repr, big))} holds numbers of magnitude 2**53 or more, whose "
+            "float64 values can be equal although their digits differ: subtract an offset "
+            "(say the column's minimum) in the file to keep it") if big else ""
+    warnings.warn(f"{path}: dropped the input column{'s' if len(dropped) > 1 else ''} "
+                  f"{shown}: constant on the training rows, so no information for the "
+                  f"model{hint}", UserWarning, stacklevel=3)
 
 
 LABEL_LIKE_MAX = 10

@@ -23,6 +23,7 @@ import gzip
 import logging
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import torch
 
+from gpscale.data.head import decide_header, decimal_comma, is_number
 from gpscale.data.lines import (
     Table,
-    _is_number,
     check_delimiter,
     check_names,
-    has_header,
     is_gzip,
     read_lines,
     sniff,
@@ -74,6 +74,7 @@ class ArrowCsvTable(_ColumnTable):
     def __init__(self, path: Path, head: _Head, store: _Store, *, delimiter: str | None,
                  header: str | int | None) -> None:
         super().__init__(path, head.names, head.delimiter, store.num_rows, head.width)
+        self.header_note = head.note
         self._head = head
         self._store = store
         self._args = {"delimiter": delimiter, "header": header}
@@ -87,6 +88,15 @@ class ArrowCsvTable(_ColumnTable):
                                  "file as a gpscale bug")
             self._text = text
         return self._text
+
+    def first_row(self) -> list[str] | None:
+        return self._head.data_rows[0] if self._head.data_rows else None
+
+    def locator(self) -> Callable[[list[int]], str]:
+        """Names rows by their lines, found by reading the file line by line when asked
+        (an error path); holds the path, not the columns."""
+        path, args = self.path, dict(self._args)
+        return lambda rows: read_lines(path, **args).locator()(rows)
 
     def _line_by_line(self, why: str, method: str, *args: Any) -> Any:
         """``method`` of the line-by-line table: raises its error, else warns and returns."""
@@ -119,7 +129,10 @@ class ArrowCsvTable(_ColumnTable):
                 column = _read_text_column(self.path, self._head, col)
             if column.null_count or len(column) != self.num_rows:
                 return self._line_by_line("missing labels", "targets", path, col, task)
-            return _string_codes(column, strip=True)
+            codes = _string_codes(column, strip=True)
+            if codes is None:  # NaN or inf among numeric labels: the error names the lines
+                return self._line_by_line("NaN or inf labels", "targets", path, col, task)
+            return codes
         if col in store.text or col in store.nonfinite:
             return self._line_by_line(f"text, NaN or inf in the target column {col}",
                                       "targets", path, col, task)
@@ -143,6 +156,7 @@ class _Head:
     whole: bool  # the sample is the whole file
     bytes_per_row: float  # in the sample
     text_columns: set[int] = field(default_factory=set)
+    note: str = ""  # why the first row is or is not a header, when not plain
 
 
 def _inspect(path: Path, delimiter: str | None,
@@ -183,8 +197,11 @@ def _inspect(path: Path, delimiter: str | None,
         return None, "rows of different widths"
     if width == 1 and delimiter is not None:
         return None, "a single column"
+    if decimal_comma(rows) is not None:
+        return None, "decimal commas"
     names = None
-    if header == 0 or (header == "infer" and has_header(rows)):
+    is_header, note = decide_header(text, sep, rows, lines, header)
+    if is_header:
         names, rows = rows[0], rows[1:]
         if lines[0] != 1:
             return None, "the header row is not the first line"
@@ -195,8 +212,8 @@ def _inspect(path: Path, delimiter: str | None,
         if not rows:
             return None, "no data rows"
     per_row = len(text.encode("utf-8")) / (len(rows) + (names is not None))
-    head = _Head(sep, names, width, gz, rows, whole, per_row)
-    head.text_columns = {j for j in range(width) if not all(_is_number(r[j]) for r in rows)}
+    head = _Head(sep, names, width, gz, rows, whole, per_row, note=note)
+    head.text_columns = {j for j in range(width) if not all(is_number(r[j]) for r in rows)}
     return head, ""
 
 
@@ -385,7 +402,7 @@ def _agrees(got: list[list[float | str]], rows: list[list[str]]) -> bool:
             if isinstance(value, str):
                 if value.strip() != text:
                     return False
-            elif not _is_number(text) or not (float(text) == value or
+            elif not is_number(text) or not (float(text) == value or
                                                (np.isnan(value) and np.isnan(float(text)))):
                 return False
     return True

@@ -18,6 +18,11 @@ Preprocessing:
   test set by a permutation seeded with ``seed + split``.
 - Synthetic sets (:mod:`gpscale.data.synthetic`) are returned on their natural scale, drawn with
   seed ``seed + split`` (so split s of seed 0 is the draw with seed s).
+
+Loader options (``--data-option KEY=VALUE``: sizes, noise, ...) are declared per entry
+(``DatasetEntry.options``) and checked by :func:`gpscale.data.options.check_data_options`
+before the loader runs: an unknown option or a value of the wrong kind or range is a
+``ValueError`` that lists the valid ones.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from torch import Tensor
 import gpscale.data.synthetic as synthetic
 from gpscale.data.download import REMOTE_FILES, FileSpec, default_cache_dir
 from gpscale.data.mnist import MNIST_IMAGES, MNIST_LABELS, read_idx
+from gpscale.data.options import DataOption, check_data_options, sizes
 from gpscale.data.splits import uci_split
 from gpscale.data.transforms import Standardizer
 
@@ -112,6 +118,7 @@ class DatasetEntry:
             is where the files were found, ``None`` for generated sets.
         files: the remote files (URLs and SHA-256), empty for generated sets.
         num_classes: C for classification.
+        options: the loader's keyword options, declared (none for the UCI sets).
     """
 
     name: str
@@ -122,6 +129,7 @@ class DatasetEntry:
     loader: Loader
     files: tuple[FileSpec, ...] = ()
     num_classes: int | None = None
+    options: tuple[DataOption, ...] = ()
 
     @property
     def folder(self) -> str | None:
@@ -242,33 +250,65 @@ _UCI = {  # name: (n, d, description)
     "wine": (1599, 11, "red wine quality"),
     "yacht": (308, 6, "yacht hydrodynamics"),
 }
+_POSITIVE = {"minimum": 0, "exclusive": True}
+_KERNEL = (DataOption("lengthscale", "float", "RBF lengthscale of the GP draw", **_POSITIVE),
+           DataOption("outputscale", "float", "variance of the GP draw", **_POSITIVE))
+_NOISE = DataOption("noise", "float", "noise variance", minimum=0)
+_DIMS = DataOption("num_dims", "int", "input dimensions", minimum=1)
+_BINARY = (*sizes(), DataOption("bounds", "box", "input box, one [low, high] per dimension"),
+           *_KERNEL)
 _GENERATED = (
     DatasetEntry("binary1d", "classification", 250, 1, "GP-draw binary labels, 1-D (50 train)",
-                 _synthetic_loader(synthetic.binary_classification), num_classes=2),
+                 _synthetic_loader(synthetic.binary_classification), num_classes=2,
+                 options=_BINARY),
     DatasetEntry("binary2d", "classification", 500, 2, "GP-draw binary labels, 2-D (100 train)",
                  _synthetic_loader(synthetic.binary_classification, num_train=100,
                                    num_test=400, bounds=((-3.0, 5.0), (-4.0, 1.0)),
-                                   outputscale=10.0), num_classes=2),
+                                   outputscale=10.0), num_classes=2, options=_BINARY),
     DatasetEntry("poisson1d", "counts", 200, 1, "Poisson counts, GP log-rate on [0, 1]",
-                 _synthetic_loader(synthetic.poisson_counts)),
+                 _synthetic_loader(synthetic.poisson_counts),
+                 options=(*sizes(), *_KERNEL, DataOption(
+                     "function_seed", "int", "seed of the log-rate draw", minimum=0))),
     DatasetEntry("gmm10", "classification", 30_000, 3, "10-class 3-D Gaussian mixture",
                  _synthetic_loader(synthetic.gaussian_mixture, num_train_per_class=2000,
-                                   num_test_per_class=1000), num_classes=10),
+                                   num_test_per_class=1000), num_classes=10,
+                 options=(DataOption("num_train_per_class", "int", "training points per class",
+                                     minimum=1),
+                          DataOption("num_test_per_class", "int", "test points per class",
+                                     minimum=1),
+                          _DIMS,
+                          DataOption("mixture_seed", "int", "seed of the mixture's Gaussians",
+                                     minimum=0))),
     DatasetEntry("sine", "regression", 2000, 1, "noisy sine, two periods on [0, 1]",
-                 _synthetic_loader(synthetic.noisy_sine)),
+                 _synthetic_loader(synthetic.noisy_sine), options=(*sizes(), _NOISE)),
     DatasetEntry("field3d", "regression", 110_000, 3, "smooth random field on [0, 1]^3",
-                 _synthetic_loader(synthetic.field_dataset)),
+                 _synthetic_loader(synthetic.field_dataset),
+                 options=(*sizes(), _DIMS, _NOISE,
+                          DataOption("lengthscale", "float", "the field's RBF lengthscale",
+                                     **_POSITIVE),
+                          DataOption("num_features", "int", "random features of the field",
+                                     minimum=1),
+                          DataOption("field_seed", "int", "seed of the field", minimum=0),
+                          DataOption("chunk_size", "int", "points drawn per chunk",
+                                     minimum=1))),
     DatasetEntry("synthetic", "regression", 4000, 1, "1-D sum of sines with a gap (demo)",
-                 _synthetic_loader(synthetic.demo_regression)),
+                 _synthetic_loader(synthetic.demo_regression),
+                 options=(*sizes(), _NOISE, DataOption(
+                     "gap", "interval", "the interval of [0, 10] without training points"))),
     DatasetEntry("relevant32", "regression", 10_000, 32, "32 inputs of which 4 matter (ARD)",
-                 _synthetic_loader(synthetic.few_relevant_inputs)),
+                 _synthetic_loader(synthetic.few_relevant_inputs),
+                 options=(*sizes(), _NOISE,
+                          DataOption("num_dims", "int", "input dimensions", minimum=2),
+                          DataOption("num_relevant", "int", "inputs the function depends on",
+                                     minimum=2))),
 )
 DATASETS: dict[str, DatasetEntry] = {
     **{name: DatasetEntry(name, "regression", n, d, f"UCI: {text}", _load_uci,
                           REMOTE_FILES[name]) for name, (n, d, text) in _UCI.items()},
     "mnist": DatasetEntry("mnist", "classification", 10_000, 784,
                           "MNIST test set (10k digits), 8k/2k split", _load_mnist,
-                          REMOTE_FILES["mnist"], num_classes=10),
+                          REMOTE_FILES["mnist"], num_classes=10,
+                          options=sizes("training digits", "test digits")),
     **{entry.name: entry for entry in _GENERATED},
 }
 ALIASES: dict[str, str] = {"mixture": "gmm10"}
@@ -316,13 +356,15 @@ def load_dataset(name: str, *, split: int = 0,
         seed: seed of the MNIST subset permutation and of generated data.
         dtype: floating dtype of x (and of y for regression and counts).
         **kwargs: loader options, e.g. ``num_train``/``num_test`` for MNIST, generator arguments
-            for synthetic sets (``n`` is accepted for ``num_train``).
+            for synthetic sets (``n`` is accepted for ``num_train``); each set declares its
+            own (``DatasetEntry.options``).
 
     Returns:
         The :class:`Dataset`.
 
     Raises:
-        ValueError: unknown name (lists the valid names) or a bad split.
+        ValueError: unknown name (lists the valid names), a bad split, or an unknown or
+            invalid option (lists the valid ones).
         FileNotFoundError: the files are in none of the roots (names the folders searched).
     """
     entry = get_entry(name)
@@ -330,6 +372,7 @@ def load_dataset(name: str, *, split: int = 0,
         raise ValueError(f"split must be an integer; got {split!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
+    kwargs = check_data_options(entry.name, entry.options, kwargs)
     folder = None
     if entry.files:
         searched = _roots(roots)

@@ -9,7 +9,12 @@ It fails with a ``ValueError`` naming the file, the line and the column for anyt
 read correctly: not UTF-8 text, a bad gzip stream, rows of different widths, duplicate header
 names, a header without data rows, empty or non-numeric inputs, and NaN or inf in inputs or
 targets. The delimiter is sniffed unless given: tab, semicolon, comma or ``|``, the first that
-splits the first lines into equally many fields.
+splits the first lines into equally many fields. Whether the first row is a header follows
+the rules of :mod:`gpscale.data.head` (the table's ``header_note`` says why when that is not
+plain), and a file of decimal commas (``1,5``) is refused with a message that says so.
+
+Class labels are compared as values when every label is a number: ``1``, ``1.0`` and ``1e0``
+are one class, named ``"1"`` (:func:`canonical_labels`); otherwise as text.
 """
 
 from __future__ import annotations
@@ -17,25 +22,22 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import math
 import re
 import zlib
+from collections.abc import Callable, Iterable
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["Table", "read_lines", "sort_labels", "target_index"]
+from gpscale.data.head import decide_header, decimal_comma, decimal_comma_message, is_number
+
+__all__ = ["Table", "canonical_labels", "read_lines", "sort_labels", "target_index"]
 
 _SNIFFED = ("\t", ";", ",", "|")  # in order of preference when several split consistently
 _NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "'|'"}
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 class Table:
@@ -47,14 +49,30 @@ class Table:
         rows: the data rows (surrounding spaces stripped, blank rows dropped), all one width.
         lines: the file line number (1-based) of each data row, for error messages.
         delimiter: the field separator used (``None`` for Parquet and ``.npy`` files).
+        header_note: why the first row is or is not a header, when the evidence is not plain
+            (:func:`gpscale.data.head.infer_header`); ``""`` otherwise.
     """
 
+    header_note = ""
+
     def __init__(self, names: list[str] | None, rows: list[list[str]], lines: list[int],
-                 delimiter: str | None) -> None:
+                 delimiter: str | None, header_note: str = "") -> None:
         self.names = names
         self.rows = rows
         self.lines = lines
         self.delimiter = delimiter
+        self.header_note = header_note
+
+    def first_row(self) -> list[str] | None:
+        """The first data row as text (cheap: for predict's check that it is not the model's
+        header), or ``None`` where a file has no text rows."""
+        return self.rows[0] if self.rows else None
+
+    def locator(self) -> Callable[[list[int]], str]:
+        """A function naming data rows (0-based) by their file lines, the first five (``"lines
+        4, 9"``), for messages; it holds the line numbers only, not the data."""
+        lines = self.lines
+        return lambda rows: _line_text(lines, rows)
 
     @property
     def width(self) -> int:
@@ -78,7 +96,7 @@ class Table:
         except ValueError:  # find the first field that is not a number
             for i, row in enumerate(self.rows):
                 for j in columns:
-                    if not _is_number(row[j]):
+                    if not is_number(row[j]):
                         raise ValueError(f"{path}: line {self.lines[i]}, {_col(names, j)}: "
                                          f"{_why(row[j])}; input columns must be "
                                          "numeric") from None
@@ -103,10 +121,15 @@ class Table:
         values = [row[col] for row in self.rows]
         name = f"target column {self.names[col]!r}" if self.names else f"target column {col}"
         if task == "classification":
-            classes = sort_labels(set(values))
+            canon = canonical_labels(values)
+            bad = [i for i, v in enumerate(values) if canon[v] is None]
+            if bad:
+                raise ValueError(f"{path}: the {name} holds NaN or inf on {_lines(self, bad)}; "
+                                 "remove or impute those rows")
+            classes = sort_labels(set(canon.values()))
             code = {label: c for c, label in enumerate(classes)}
-            return torch.tensor([code[v] for v in values], dtype=torch.long), classes
-        bad = next((i for i, v in enumerate(values) if not _is_number(v)), None)
+            return torch.tensor([code[canon[v]] for v in values], dtype=torch.long), classes
+        bad = next((i for i, v in enumerate(values) if not is_number(v)), None)
         if bad is not None:
             raise ValueError(f"{path}: line {self.lines[bad]}, {name}: {_why(values[bad])}; use "
                              "task='classification' (--task classification) for class labels")
@@ -122,6 +145,38 @@ class Table:
         return y, None
 
 
+def canonical_labels(labels: Iterable[str]) -> dict[str, str | None]:
+    """Each distinct label's class name. When every label is a number, labels are compared by
+    value and named canonically (:func:`number_label`: ``"1"`` for ``1``, ``1.0``, ``+1``,
+    ``1e0``), and NaN or inf map to ``None`` (not a class); else the labels are their own
+    names (compared as text)."""
+    distinct = set(labels)
+    if not all(is_number(v) for v in distinct):
+        return {v: v for v in distinct}
+    return {v: number_label(v) for v in distinct}
+
+
+def number_label(text: str) -> str | None:
+    """The class name of a numeric label: the integer's digits when the value is an integer
+    (exactly, from the text: ``"1.0"`` → ``"1"``, no rounding of large integers), else the
+    shortest repr of the float64 value (``"0.50"`` → ``"0.5"``); ``None`` for NaN or inf."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:  # float() reads it, Decimal does not: compare as float64
+        value = None
+    if value is None or value.adjusted() > 300:
+        number = float(text)
+        if not math.isfinite(number):
+            return None
+        return str(int(number)) if number.is_integer() else repr(number)
+    if not value.is_finite():
+        return None
+    if value == value.to_integral_value():
+        return str(int(value))
+    number = float(value)
+    return repr(number) if math.isfinite(number) else None
+
+
 def sort_labels(labels: set[str]) -> list[str]:
     """Class labels in sorted order: numeric order when all are numbers, else string order.
 
@@ -129,7 +184,7 @@ def sort_labels(labels: set[str]) -> list[str]:
         ValueError: fewer than 2 labels.
     """
     classes = sorted(labels, key=(lambda v: (float(v), v)) if all(
-        _is_number(v) for v in labels) else None)
+        is_number(v) for v in labels) else None)
     if len(classes) < 2:
         raise ValueError(f"classification needs at least 2 classes; found {classes}")
     return classes
@@ -142,12 +197,13 @@ def read_lines(path: str | Path, *, delimiter: str | None = None,
     Args:
         path: the file.
         delimiter: field separator; ``None`` sniffs it (see the module docstring).
-        header: ``"infer"`` (a first row with text above numbers is a header), ``None`` or ``0``.
+        header: ``"infer"`` (the rules of :mod:`gpscale.data.head`), ``None`` or ``0``.
 
     Raises:
         OSError: the file cannot be opened.
         ValueError: not UTF-8 text or not gzip, no rows, no data rows, rows of different
-            widths, duplicate header names, or a delimiter that does not split the file.
+            widths, duplicate header names, a delimiter that does not split the file, or
+            decimal commas.
     """
     check_header(header)
     path = Path(path)
@@ -167,13 +223,17 @@ def read_lines(path: str | Path, *, delimiter: str | None = None,
             raise ValueError(f"{path}: no {_NAMES.get(delimiter, repr(delimiter))} in the "
                              f"rows; the file looks {_NAMES[other]}-separated (pass that "
                              "delimiter)")
+    comma = decimal_comma(rows)
+    if comma is not None:
+        raise ValueError(decimal_comma_message(path, rows, lines, comma))
     names = None
-    if header == 0 or (header == "infer" and has_header(rows)):
+    is_header, note = decide_header(text, sep, rows, lines, header)
+    if is_header:
         names, rows, lines = rows[0], rows[1:], lines[1:]
         check_names(path, names)
         if not rows:
             raise ValueError(f"{path} has a header row but no data rows")
-    return Table(names, rows, lines, sep)
+    return Table(names, rows, lines, sep, note)
 
 
 def check_header(header: str | int | None) -> None:
@@ -265,23 +325,22 @@ def _why(value: str) -> str:
 
 
 def _lines(table: Table, rows: np.ndarray | list[int]) -> str:
-    shown = ", ".join(str(table.lines[int(i)]) for i in rows[:5])
+    return _line_text(table.lines, rows)
+
+
+def _line_text(lines: list[int], rows: np.ndarray | list[int]) -> str:
+    shown = ", ".join(str(lines[int(i)]) for i in rows[:5])
     more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
     return f"line{'s' if len(rows) > 1 else ''} {shown}{more}"
 
 
-def has_header(rows: list[list[str]]) -> bool:
-    """A first row is a header when some column is numeric below it but not in it."""
-    below = rows[1:6]
-    if not below:
-        return not all(_is_number(v) for v in rows[0])
-    return any(not _is_number(rows[0][j]) and all(_is_number(r[j]) for r in below)
-               for j in range(len(rows[0])))
-
-
-def target_index(target: str | int, names: list[str] | None, width: int) -> int:
+def target_index(target: str | int, names: list[str] | None, width: int,
+                 header_note: str = "") -> int:
     """The column of ``target``: a header name, an index (negative counts from the end), or a
     string of digits read as an index when no column has that name.
+
+    Args:
+        header_note: why the file has no header row, for the error when a name is given.
 
     Raises:
         ValueError: an unknown name, a name without a header row, an index out of range.
@@ -290,8 +349,9 @@ def target_index(target: str | int, names: list[str] | None, width: int) -> int:
         if re.fullmatch(r"-?[0-9]+", target):
             target = int(target)
         elif names is None:
+            why = f": {header_note}" if header_note else ""
             raise ValueError(f"target {target!r} is a column name, but the file has no header "
-                             "row; pass an integer column index (0-based, -1 = last)")
+                             f"row{why}; pass an integer column index (0-based, -1 = last)")
         else:
             raise ValueError(f"target column {target!r} not found; columns: {', '.join(names)}")
     if isinstance(target, str):

@@ -17,6 +17,7 @@ names are ``x0..x{d-1}``) and is memory-mapped: only the columns asked for are c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from gpscale.data.lines import (
     Table,
     _col,
+    canonical_labels,
     check_names,
     sort_labels,
 )
@@ -135,6 +137,12 @@ class _ArrayTable(_ColumnTable):
             raise ValueError(f"{path}: {shown} hold{'s' if len(cols) == 1 else ''} NaN or inf "
                              f"on {_rows(rows)}; remove or impute those rows")
 
+    def locator(self) -> Callable[[list[int]], str]:
+        return lambda rows: _rows(np.asarray(rows))
+
+    def first_row(self) -> list[str] | None:
+        return None  # no header to mistake for data: Parquet names its columns, .npy has none
+
     def _labels_of_columns(self) -> list[str]:
         return self.names or [f"column {j}" for j in range(self.width)]
 
@@ -230,7 +238,15 @@ class ParquetTable(_ArrayTable):
             nulls = np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))
             raise ValueError(f"{self.path}: the target column {self.names[j]!r} has missing "
                              f"values (null) on {_rows(nulls)}; remove or impute those rows")
-        return _string_codes(column, strip=False)
+        codes = _string_codes(column, strip=False)
+        if codes is None:
+            bad = [v for v, name in canonical_labels(pc.unique(column).to_pylist()).items()
+                   if name is None]
+            rows = np.flatnonzero(pc.is_in(column, value_set=pa.array(bad)).to_numpy(
+                zero_copy_only=False))
+            raise ValueError(f"{self.path}: the target column {self.names[j]!r} holds NaN or "
+                             f"inf on {_rows(rows)}; remove or impute those rows")
+        return codes
 
     def _python_column(self, j: int) -> list[Any]:
         return self._read(j).to_pylist()
@@ -280,14 +296,20 @@ def _number_label(value: float | int | bool) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def _string_codes(column: pa.ChunkedArray, *, strip: bool) -> tuple[torch.Tensor, list[str]]:
-    """Class codes (sorted labels, numeric order when all are numbers) of a text column."""
+def _string_codes(column: pa.ChunkedArray, *,
+                  strip: bool) -> tuple[torch.Tensor, list[str]] | None:
+    """Class codes (sorted labels, numeric order when all are numbers, numeric labels compared
+    by value: :func:`~gpscale.data.lines.canonical_labels`) of a text column; ``None`` when
+    numeric labels hold NaN or inf."""
     uniques = pc.unique(column)
     raw = uniques.to_pylist()
     labels = [v.strip() for v in raw] if strip else raw
-    classes = sort_labels(set(labels))
+    canon = canonical_labels(labels)
+    if any(name is None for name in canon.values()):
+        return None
+    classes = sort_labels(set(canon.values()))
     code = {label: c for c, label in enumerate(classes)}
-    lookup = np.array([code[label] for label in labels], dtype=np.int64)
+    lookup = np.array([code[canon[label]] for label in labels], dtype=np.int64)
     index = pc.index_in(column, value_set=uniques).to_numpy()
     return torch.from_numpy(lookup[index]), classes
 

@@ -4,8 +4,14 @@ The statistics are computed on the training rows and then applied, unchanged, to
 (test points, new inputs at predict time), so nothing about the test set leaks into the model.
 
 Notation: inputs ``x`` (n, d), targets ``y`` (n,). A column is *constant* when all its training
-values are equal; such a column carries no information for a stationary kernel and would give a
-zero standard deviation, so it is dropped and ``kept_columns`` records which columns remain.
+values are equal (in float64); such a column carries no information for a stationary kernel and
+would give a zero standard deviation, so it is dropped and ``kept_columns`` records which columns
+remain. Any other column is kept, at any scale: the statistics are computed on the column's
+differences from its first value, divided by the largest of them (:func:`_column_stats`), so
+that neither a spread of 1e-300 (whose square underflows) nor values near 2**64 (whose sum
+loses the spread) is mistaken for a constant. The input means are kept as two floats, the mean
+rounded to float64 and what that rounding left out (``x_mean_low``), so that values near 2**64
+a few units of the last place apart are still standardised to mean 0 and standard deviation 1.
 
 Standard deviations use the population formula (``correction=0``), so the standardised training
 columns have mean 0 and standard deviation exactly 1 under that same definition.
@@ -37,6 +43,8 @@ class Standardizer:
         num_input_dims: d, the number of columns before dropping.
         y_mean: training mean of y (0.0 when y is not standardised).
         y_std: training standard deviation of y (1.0 when y is not standardised).
+        x_mean_low: the training means minus ``x_mean`` (the part float64 rounding dropped),
+            subtracted after ``x_mean``; empty means zeros (files written before it existed).
 
     Example:
         >>> x = torch.tensor([[1.0, 5.0], [3.0, 5.0]])
@@ -51,11 +59,15 @@ class Standardizer:
     num_input_dims: int
     y_mean: float = 0.0
     y_std: float = 1.0
+    x_mean_low: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not (len(self.x_mean) == len(self.x_std) == len(self.kept_columns)):
             raise ValueError("x_mean, x_std and kept_columns must have the same length; got "
                              f"{len(self.x_mean)}, {len(self.x_std)}, {len(self.kept_columns)}")
+        if self.x_mean_low and len(self.x_mean_low) != len(self.x_mean):
+            raise ValueError(f"x_mean_low must be empty or of length {len(self.x_mean)}; got "
+                             f"{len(self.x_mean_low)}")
         if any(s <= 0 for s in self.x_std) or self.y_std <= 0:
             raise ValueError("standard deviations must be positive")
         if any(not 0 <= j < self.num_input_dims for j in self.kept_columns):
@@ -88,7 +100,7 @@ class Standardizer:
                 raise ValueError(f"y must have shape ({x.shape[0]},); got {tuple(y.shape)}")
             _check_finite(y, "y")
         xd = x.detach().to(torch.float64)
-        std_all = xd.std(0, correction=0)  # (d,); 0 where constant (or a spread that underflows)
+        mean_all, low_all, std_all = _column_stats(xd)  # (d,) each; std 0 where constant
         if not bool(torch.isfinite(std_all).all()):
             cols = torch.nonzero(~torch.isfinite(std_all)).flatten().tolist()
             raise ValueError(f"x columns {cols} are too large to standardise in float64 "
@@ -96,23 +108,22 @@ class Standardizer:
         keep = (std_all > 0).nonzero().flatten()  # (d_kept,)
         if keep.numel() == 0:
             raise ValueError(f"all {x.shape[1]} input columns are constant on the training set")
-        mean = xd[:, keep].mean(0)
-        std = std_all[keep]
+        mean, low, std = mean_all[keep], low_all[keep], std_all[keep]
         y_mean, y_std = 0.0, 1.0
         if y is not None and standardize_y:
             yd = y.detach().to(torch.float64)
-            y_mean, y_std = float(yd.mean()), float(yd.std(correction=0))
+            high, low_y, std_y = _column_stats(yd[:, None])
+            y_mean, y_std = float(high[0] + low_y[0]), float(std_y[0])
             if not y_std < float("inf"):
                 raise ValueError(f"y is too large to standardise in float64 (largest |value| "
                                  f"{float(yd.abs().max()):g}); rescale it")
             if not y_std > 0:
-                spread = (f"every value is {float(yd[0]):g}" if bool((yd == yd[0]).all())
-                          else "its spread underflows float64")
-                raise ValueError(f"y is constant on the training rows ({spread}); regression "
-                                 "needs targets that vary")
+                raise ValueError(f"y is constant on the training rows (every value is "
+                                 f"{float(yd[0]):g}); regression needs targets that vary")
         return cls(x_mean=tuple(mean.tolist()), x_std=tuple(std.tolist()),
                    kept_columns=tuple(keep.tolist()), num_input_dims=x.shape[1],
-                   y_mean=y_mean, y_std=y_std)
+                   y_mean=y_mean, y_std=y_std,
+                   x_mean_low=tuple(low.tolist()) if bool((low != 0).any()) else ())
 
     @property
     def num_dims(self) -> int:
@@ -140,12 +151,16 @@ class Standardizer:
         mean = torch.tensor(self.x_mean, dtype=ftype, device=x.device)
         std = torch.tensor(self.x_std, dtype=ftype, device=x.device)
         if inplace and len(self.kept_columns) == x.shape[1] and x.is_floating_point():
-            return x.sub_(mean).div_(std)
-        kept = torch.tensor(self.kept_columns, dtype=torch.long, device=x.device)
-        out = x.index_select(1, kept)
-        if not out.is_floating_point():
-            out = out.to(ftype)
-        return out.sub_(mean).div_(std)
+            out = x.sub_(mean)
+        else:
+            kept = torch.tensor(self.kept_columns, dtype=torch.long, device=x.device)
+            out = x.index_select(1, kept)
+            if not out.is_floating_point():
+                out = out.to(ftype)
+            out.sub_(mean)
+        if self.x_mean_low:  # x - mean is exact near the mean; then the rounded-off part
+            out.sub_(torch.tensor(self.x_mean_low, dtype=ftype, device=x.device))
+        return out.div_(std)
 
     def transform_y(self, y: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
         """Standardise targets: (y - y_mean) / y_std, any shape."""
@@ -159,11 +174,18 @@ class Standardizer:
         """Map a predictive variance back to the original target scale: var * y_std²."""
         return var * self.y_std**2
 
+    def inverse_std(self, var: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+        """The standard deviation on the original target scale of a standardised predictive
+        variance: sqrt(var) * y_std (no square of y_std, which underflows for y_std < 1e-154)."""
+        return var.sqrt() * self.y_std
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (lists and floats) that :meth:`from_dict` turns back into ``self``."""
         out = asdict(self)
-        for key in ("x_mean", "x_std", "kept_columns"):
+        for key in ("x_mean", "x_std", "kept_columns", "x_mean_low"):
             out[key] = list(out[key])
+        if not out["x_mean_low"]:
+            del out["x_mean_low"]  # the dict of an ordinary fit is as before
         return out
 
     @classmethod
@@ -173,7 +195,37 @@ class Standardizer:
                    x_std=tuple(float(v) for v in data["x_std"]),
                    kept_columns=tuple(int(v) for v in data["kept_columns"]),
                    num_input_dims=int(data["num_input_dims"]),
-                   y_mean=float(data["y_mean"]), y_std=float(data["y_std"]))
+                   y_mean=float(data["y_mean"]), y_std=float(data["y_std"]),
+                   x_mean_low=tuple(float(v) for v in data.get("x_mean_low", ())))
+
+
+def _column_stats(x: Float[Tensor, "n d"]
+                  ) -> tuple[Float[Tensor, " d"], Float[Tensor, " d"], Float[Tensor, " d"]]:
+    r"""Mean (as high and low float64 parts) and population standard deviation of each column
+    of float64 ``x``, exact to rounding at any scale; the deviation is exactly 0 only for a
+    constant column.
+
+    With :math:`r = x_{0,:}` and :math:`s = \max_i |x_{i,:} - r|`, :math:`u = (x - r)/s \in
+    [-1, 1]` has a spread of order 1, so neither its square underflows (a column of spread
+    1e-300) nor its sum swamps it (values near 2**64 that differ by a few units of their last
+    place: the differences from :math:`r` are exact); then mean = r + s·mean(u), std =
+    s·std(u). The sum r + s·mean(u) is split into its float64 value and the rounding error
+    (Knuth's TwoSum). One (n, d) temporary. A spread beyond float64 gives an inf deviation.
+    """
+    ref = x[0]  # (d,)
+    dev = x - ref  # (n, d), exact for nearby values (Sterbenz)
+    low, high = torch.aminmax(dev, dim=0)  # (d,)
+    scale = torch.maximum(-low, high)  # (d,); 0 exactly for a constant column
+    if not bool(torch.isfinite(scale).all()):
+        return ref, torch.zeros_like(ref), torch.where(torch.isfinite(scale), 0.0,
+                                                       float("inf")).to(x.dtype)
+    dev.div_(torch.where(scale > 0, scale, 1.0))
+    std_u, mean_u = torch.std_mean(dev, dim=0, correction=0)  # (d,), (d,)
+    shift = scale * mean_u  # (d,)
+    high = ref + shift
+    back = high - ref  # TwoSum: the rounding error of ref + shift
+    low = (ref - (high - back)) + (shift - back)
+    return high, low, scale * std_u
 
 
 def _check_finite(t: Tensor, name: str) -> None:

@@ -38,8 +38,8 @@ import numpy as np
 from gpscale.kernels import BACKENDS, KERNELS
 
 __all__ = ["Option", "OptionError", "resolve_options", "coerce", "describe_options",
-           "PRIOR_OPTIONS", "PREFIT_OPTIONS", "AUTO_PREFIT_MIN_POINTS", "INDUCING_OPTIONS",
-           "KERNEL_PRODUCT_OPTIONS", "prior_options_with"]
+           "GPYTORCH_NOISE_FLOOR", "PRIOR_OPTIONS", "PREFIT_OPTIONS", "AUTO_PREFIT_MIN_POINTS",
+           "INDUCING_OPTIONS", "KERNEL_PRODUCT_OPTIONS", "prior_options_with"]
 
 KINDS = ("int", "float", "bool", "str", "floats", "ints", "bounds")
 _TRUE = ("true", "yes", "on", "1")
@@ -66,6 +66,8 @@ class Option:
         hidden: set when a saved model is rebuilt (e.g. the number of training points), not
             listed for users.
         allow_none: ``none`` is valid although the default is not (it switches a bound off).
+        minimum_why: where the minimum comes from, for the error (``"GPyTorch's noise
+            floor"``).
     """
 
     name: str
@@ -77,6 +79,7 @@ class Option:
     exclusive: bool = False
     hidden: bool = False
     allow_none: bool = False
+    minimum_why: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -221,7 +224,8 @@ def _check_range(option: Option, value: Any) -> None:
     for v in _flat(value):
         if v < option.minimum or (option.exclusive and v == option.minimum):
             sign = ">" if option.exclusive else "≥"
-            raise _bad(option, value, f"must be {sign} {_num_text(option.minimum)}")
+            why = f", {option.minimum_why}" if option.minimum_why else ""
+            raise _bad(option, value, f"must be {sign} {_num_text(option.minimum)}{why}")
 
 
 def _bad(option: Option, value: Any, why: str) -> OptionError:
@@ -266,9 +270,20 @@ def describe_options(declared: Iterable[Option]) -> str:
                      for a, b, c, d in rows)
 
 
+GPYTORCH_NOISE_FLOOR = 1e-4
+"""The smallest noise variance GPyTorch's ``GaussianLikelihood`` takes: its default
+``noise_constraint`` is ``GreaterThan(1e-4)``, whose ``initialize`` refuses a smaller value (and
+training never goes below it). The ``noise`` option of every method whose noise is such a
+likelihood declares it as its minimum, so ``noise=1e-5`` is refused up front, naming the floor,
+instead of failing inside GPyTorch; SoftKI keeps its own log-parameterised noise and takes any
+positive value."""
+
+
 def prior_options_with(*, kernel: str = "matern32", ard: bool = True,
                        noise: bool = True) -> tuple[Option, ...]:
-    """The prior options every baseline-style method takes, with that method's defaults."""
+    """The prior options every baseline-style method takes, with that method's defaults; the
+    ``noise`` option (a GPyTorch Gaussian likelihood's) is at least
+    :data:`GPYTORCH_NOISE_FLOOR`."""
     opts = (
         Option("kernel", "str", kernel, "covariance function", choices=KERNELS),
         Option("ard", "bool", ard, "one lengthscale per input dimension"),
@@ -277,7 +292,8 @@ def prior_options_with(*, kernel: str = "matern32", ard: bool = True,
         Option("outputscale", "float", None, "initial kernel variance; none: var(y)",
                minimum=0, exclusive=True),
         Option("noise", "float", None, "initial noise variance σ²; none: 0.1 var(y)",
-               minimum=0, exclusive=True),
+               minimum=GPYTORCH_NOISE_FLOOR,
+               minimum_why="the floor of GPyTorch's Gaussian likelihood"),
         Option("mean_constant", "float", None, "initial constant prior mean; none: mean(y)"),
     )
     return opts if noise else tuple(o for o in opts if o.name != "noise")
