@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 from gpscale.errors import SavedFileError
+from gpscale.files import decode, encode
 from gpscale.io import (
     LEGACY_FORMAT,
+    convert,
     load,
     load_with_data,
     model_payload,
@@ -39,8 +41,8 @@ def _predict(model, data, x_test):
 def test_round_trip_is_bit_identical_and_records_version(fitted, tmp_path):
     model, data = fitted
     path = save(model, tmp_path / "m.pt", data=data, info={"feature_names": ["a", "b"]})
-    raw = torch.load(path, weights_only=False)
-    assert (raw["format"], raw["version"], raw["kind"]) == ("gpscale", 2, "method")
+    raw = decode(path.read_bytes())
+    assert (raw["format"], raw["version"], raw["kind"]) == ("gpscale", 3, "method")
     assert len(raw["sha256"]) == 64
     saved = load_with_data(path)
     assert saved.info["feature_names"] == ["a", "b"]
@@ -49,15 +51,26 @@ def test_round_trip_is_bit_identical_and_records_version(fitted, tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_files_of_the_first_format_still_load(fitted, tmp_path):
-    """A model.pt written before version 2 (format 'gpscale-1', no checksum) loads."""
+def test_pickled_files_are_refused_and_convert_with_trust(fitted, tmp_path):
+    """A model.pt of the pickled formats (1: 'gpscale-1'; 2: with a checksum) is refused with
+    one line naming `gpscale convert`; converted with trust=True it loads and predicts alike."""
     model, data = fitted
-    path = tmp_path / "old.pt"
+    old = tmp_path / "old.pt"
     torch.save({"format": LEGACY_FORMAT, "kind": "method", "model": model_payload(model, data),
-                "transform": None, "info": {}}, path)
-    rebuilt = load(path)
+                "transform": None, "info": {}}, old)
+    with pytest.raises(SavedFileError, match=r"old.pt: is in the pickled format .* gpscale "
+                       r"convert .*old.pt NEW_FILE --trust") as err:
+        load(old)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="--trust"):
+        convert(old, tmp_path / "new.pt")
+    assert not (tmp_path / "new.pt").exists()
+    assert convert(old, tmp_path / "new.pt", trust=True) == "method"
+    rebuilt = load(tmp_path / "new.pt")
     torch.testing.assert_close(_predict(rebuilt, data, data[0])[0],
                                _predict(model, data, data[0])[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="new path"):
+        convert(old, old, trust=True)
 
 
 @pytest.mark.parametrize("value", [
@@ -68,9 +81,8 @@ def test_files_of_the_first_format_still_load(fitted, tmp_path):
     {"nested": [1, 2.5, float("nan"), None, "s", (True, b"raw")]},
     torch.Generator().manual_seed(3).get_state(),
 ], ids=lambda v: type(v).__name__)
-def test_digest_survives_save_and_load(value, tmp_path):
-    torch.save({"v": value}, tmp_path / "v.pt")
-    again = torch.load(tmp_path / "v.pt", weights_only=False)
+def test_digest_survives_save_and_load(value):
+    again = decode(encode({"v": value}))
     assert payload_digest(again) == payload_digest({"v": value})
 
 
@@ -121,8 +133,11 @@ def test_every_truncation_is_detected(fitted, tmp_path):
 ], ids=["newer-version", "list", "other-format"])
 def test_foreign_or_newer_files(payload, match, tmp_path):
     path = tmp_path / "x.pt"
-    torch.save(payload, path)
+    path.write_bytes(encode(payload))
     with pytest.raises(SavedFileError, match=match):
+        load(path)
+    torch.save(payload, path)  # any pickle: refused before it is unpickled
+    with pytest.raises(SavedFileError, match="pickled format"):
         load(path)
 
 
@@ -180,16 +195,21 @@ def test_fit_refuses_a_checkpoint_of_another_run(second, match, tmp_path):
     assert ckpt.read_bytes() == before
 
 
-def test_fit_resumes_from_a_checkpoint_of_the_first_format(tmp_path):
-    """A checkpoint written before version 2 (a bare dict, no checksum) still resumes."""
+def test_a_pickled_checkpoint_is_refused_and_resumes_once_converted(tmp_path):
+    """A checkpoint of the first format (a bare pickled dict) is refused untouched; converted
+    with trust it resumes."""
     ckpt = tmp_path / "c.pt"
     fit(Line(), _loss, _data(), _config(ckpt))
-    state = torch.load(ckpt, weights_only=False)
+    state = decode(ckpt.read_bytes())
     legacy = {k: v for k, v in state.items() if k not in ("format", "version", "kind", "sha256",
                                                          "run")}
     torch.save(legacy, ckpt)
-    model = Line()
-    history = fit(model, _loss, _data(), _config(ckpt).updated(epochs=5))
+    before = ckpt.read_bytes()
+    with pytest.raises(SavedFileError, match="gpscale convert"):
+        fit(Line(), _loss, _data(), _config(ckpt).updated(epochs=5))
+    assert ckpt.read_bytes() == before
+    assert convert(ckpt, tmp_path / "new.pt", trust=True) == "checkpoint"
+    history = fit(Line(), _loss, _data(), _config(tmp_path / "new.pt").updated(epochs=5))
     assert history.column("epoch") == [1, 2, 3, 4, 5]
 
 

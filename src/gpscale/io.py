@@ -1,18 +1,23 @@
 """Saving and loading fitted models: ``gpscale.save`` / ``gpscale.load``.
 
-A saved file is a ``torch.save`` dictionary holding the method key, input dimension, task, the
-resolved constructor options (``model.options``), the state dict and, for methods whose prediction
-conditions on training data, that data. Loading rebuilds the module through the registry and loads
-the state dict, so predictions are identical. Estimators are saved with their parameters,
-standardising transform and training data. Files are pickles: load only files you trust.
+A saved file holds the method key, input dimension, task, the resolved constructor options
+(``model.options``), the state dict and, for methods whose prediction conditions on training
+data, that data (or the method's summary of it). Loading rebuilds the module through the registry
+and loads the state dict, so predictions are identical. Estimators are saved with their
+parameters, standardising transform and training data.
+
+Files hold data only (:mod:`gpscale.files`: safetensors for the tensors, JSON for the rest), so
+loading a file from a stranger cannot run code. Files of the earlier, pickled formats (before
+2026-11-28) are refused with a line naming ``gpscale convert OLD NEW --trust``: :func:`convert` is
+the one place that unpickles, and only when told the file is trusted.
 
 File integrity (also for the training checkpoints of ``training.fit``): every file carries a
 format marker, a format version, its kind (``method``, ``estimator``, ``checkpoint``) and the
 SHA-256 of its content (:func:`payload_digest`: tensors by dtype, shape and bytes, other values by
 type and value). :func:`read_file` checks all of them, so an empty, truncated, partly overwritten
 or foreign file is a :class:`~gpscale.errors.SavedFileError` (a ``ValueError``) naming the file
-and the problem, never a model with silently wrong parameters. Files of the first format
-(``gpscale-1``, no checksum) still load.
+and the problem, never a model with silently wrong parameters. The digest guards against damage,
+not against a forger (who can recompute it); safety against a forger comes from the format.
 """
 
 from __future__ import annotations
@@ -29,14 +34,16 @@ import torch
 from torch import Tensor
 
 from gpscale.errors import NumericalError, SavedFileError
+from gpscale.files import FormatError, LegacyFormatError, Record, atomic_write, decode, encode
+from gpscale.files import rebuild as rebuild_records
 from gpscale.methods.base import Method
 
 __all__ = ["save", "load", "load_with_data", "SavedModel", "model_payload", "model_from_payload",
-           "payload_digest", "write_file", "read_file", "register_loader"]
+           "payload_digest", "write_file", "read_file", "register_loader", "convert"]
 
 MAGIC = "gpscale"  # the format marker of every file gpscale writes
-VERSION = 2  # format version: 2 adds the version, kind and SHA-256 fields
-LEGACY_FORMAT = "gpscale-1"  # model files of version 1 (no checksum), still read
+VERSION = 3  # 3: data-only files (gpscale.files); 2: pickled with a SHA-256; 1: pickled
+LEGACY_FORMAT = "gpscale-1"  # model files of version 1 (pickled, no checksum): convert only
 _META = ("format", "version", "kind", "sha256")
 _WHAT = {"method": "a saved model", "estimator": "a saved estimator",
          "checkpoint": "a training checkpoint"}
@@ -156,8 +163,10 @@ def load_with_data(path: str | Path) -> SavedModel:
                              "gpscale.save, not a model written by `gpscale fit`; load it "
                              "with gpscale.load")
     model = _rebuild(path, lambda: model_from_payload(payload["model"]))
+    summary = _rebuild(path, lambda: rebuild_records(payload["model"].get("summary"),
+                                                      *model.summary_types))
     return SavedModel(model, payload["model"].get("data"), payload.get("transform"),
-                      payload.get("info") or {}, payload["model"].get("summary"))
+                      payload.get("info") or {}, summary)
 
 
 def _rebuild(path: str | Path, make: Any) -> Any:
@@ -174,20 +183,22 @@ def _rebuild(path: str | Path, make: Any) -> Any:
 def write_file(path: str | Path, kind: str, content: dict[str, Any]) -> Path:
     """Write ``content`` atomically with the format marker, version, ``kind`` and checksum.
 
-    The top level of the file stays a plain dict (``content``'s keys plus ``format``,
-    ``version``, ``kind`` and ``sha256``), so ``torch.load`` still reads it directly.
+    The file is a data-only :mod:`gpscale.files` file, written to an unpredictable temporary
+    name beside ``path`` and renamed over it when complete.
+
+    Raises:
+        TypeError: ``content`` holds something other than tensors, arrays and plain data
+            (nothing is written then).
     """
     if kind not in _WHAT or any(key in content for key in _META):
         raise ValueError(f"kind must be one of {', '.join(_WHAT)} and content must not hold "
                          f"the keys {', '.join(_META)}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": MAGIC, "version": VERSION, "kind": kind, **content}
     payload["sha256"] = payload_digest(payload)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-    return path
+    raw = encode(payload)  # before any file is touched
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, raw)
 
 
 def read_file(path: str | Path, kinds: tuple[str, ...]) -> dict[str, Any]:
@@ -199,7 +210,8 @@ def read_file(path: str | Path, kinds: tuple[str, ...]) -> dict[str, Any]:
     Raises:
         OSError: the file cannot be opened (missing, a directory, no permission).
         SavedFileError: empty, truncated or corrupt (checksum mismatch), not a gpscale file,
-            a newer format version, or another kind of file.
+            a newer format version, another kind of file, or a file of the earlier pickled
+            formats (the message names ``gpscale convert``).
     """
     path = Path(path)
     raw = path.read_bytes()
@@ -207,23 +219,24 @@ def read_file(path: str | Path, kinds: tuple[str, ...]) -> dict[str, Any]:
     if not raw:
         raise SavedFileError(path, f"the file is empty (0 bytes); expected {expected}")
     try:
-        payload = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=False)
-    except Exception as err:  # any failure to unpickle means an unreadable file
-        raise SavedFileError(path, f"cannot be read as {expected}: the file is truncated, "
-                             f"corrupt or not written by gpscale ({_one_line(err)})") from None
-    if isinstance(payload, dict) and payload.get("format") == LEGACY_FORMAT:
-        payload = dict(payload)
-        payload.setdefault("kind", "method")
-    elif "checkpoint" in kinds and _is_legacy_checkpoint(payload):
-        payload = {**payload, "kind": "checkpoint"}
-    elif not isinstance(payload, dict) or payload.get("format") != MAGIC:
+        payload = decode(raw)
+    except LegacyFormatError:
+        raise SavedFileError(path, _legacy_message(path)) from None
+    except FormatError as err:
+        raise SavedFileError(path, f"cannot be read as {expected}: {err}") from None
+    if not isinstance(payload, dict) or payload.get("format") != MAGIC:
         raise SavedFileError(path, f"is not a gpscale file; expected {expected}")
-    else:
-        _verify(path, payload)
+    _verify(path, payload)
     if payload.get("kind") not in kinds:
         found = _WHAT.get(payload.get("kind"), f"kind {payload.get('kind')!r}")
         raise SavedFileError(path, f"holds {found}, not {expected}")
     return payload
+
+
+def _legacy_message(path: Path) -> str:
+    return ("is in the pickled format of gpscale before 2026-11-28, which gpscale no longer "
+            "reads: loading a pickle can run any code it holds. If you trust where the file "
+            f"came from, convert it once: gpscale convert {path} NEW_FILE --trust")
 
 
 def _verify(path: Path, payload: dict[str, Any]) -> None:
@@ -235,6 +248,64 @@ def _verify(path: Path, payload: dict[str, Any]) -> None:
     if stored != payload_digest(payload):
         raise SavedFileError(path, "checksum mismatch: the file is corrupt (changed or partly "
                              "overwritten after gpscale wrote it); write it again")
+
+
+def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> str:
+    """Rewrite a model, estimator or checkpoint file of the earlier pickled formats (1 and 2)
+    in the current data-only format; returns its kind.
+
+    This is the one function of gpscale that unpickles a file, which runs whatever code the
+    file holds: ``trust=True`` says the caller trusts where ``old`` came from. A file already in
+    the current format is verified and copied.
+
+    Raises:
+        ValueError: ``trust`` is not set; ``new`` is ``old``.
+        SavedFileError: ``old`` is damaged or not a gpscale file, or holds objects that are
+            not plain data (nothing is written then).
+    """
+    old, new = Path(old), Path(new)
+    if not trust:
+        raise ValueError(f"converting {old} unpickles it, which runs any code it holds; pass "
+                         "--trust only for a file from a source you trust")
+    if new.resolve() == old.resolve():
+        raise ValueError(f"write the converted file to a new path, not over {old}")
+    raw = old.read_bytes()
+    try:
+        payload = decode(raw)
+    except LegacyFormatError:
+        payload = _unpickle_trusted(old, raw)
+    except FormatError as err:
+        raise SavedFileError(old, f"is not a gpscale file ({err})") from None
+    if not isinstance(payload, dict):
+        raise SavedFileError(old, "is not a gpscale file")
+    payload = dict(payload)
+    if payload.get("format") == LEGACY_FORMAT:
+        payload.setdefault("kind", "method")
+    elif _is_legacy_checkpoint(payload):
+        payload["kind"] = "checkpoint"
+    elif payload.get("format") == MAGIC:
+        _verify(old, payload)
+    else:
+        raise SavedFileError(old, "is not a gpscale file")
+    kind = payload.get("kind")
+    if kind not in _WHAT:
+        raise SavedFileError(old, f"holds an unknown kind {kind!r}")
+    content = {k: v for k, v in payload.items() if k not in _META}
+    try:
+        write_file(new, kind, content)
+    except TypeError as err:
+        raise SavedFileError(old, f"holds more than plain data and tensors ({err}); it cannot "
+                             "be converted") from None
+    return kind
+
+
+def _unpickle_trusted(path: Path, raw: bytes) -> Any:
+    """The earlier formats' reader. Runs any code in the file: only for :func:`convert`."""
+    try:
+        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=False)
+    except Exception as err:  # any failure to unpickle means an unreadable file
+        raise SavedFileError(path, "cannot be read: the file is truncated, corrupt or not "
+                             f"written by gpscale ({_one_line(err)})") from None
 
 
 def _is_legacy_checkpoint(payload: Any) -> bool:
@@ -251,7 +322,7 @@ def payload_digest(obj: Any) -> str:
     """SHA-256 (hex) of a payload: nested dicts, lists, tuples, tensors, arrays and scalars.
 
     Tensors and arrays contribute dtype, shape and raw bytes; other values their type and value,
-    so the digest of what ``torch.load`` returns equals that of what was saved.
+    so the digest of what a file read back holds equals that of what was saved.
     """
     h = hashlib.sha256()
     _feed(h, obj)
@@ -292,6 +363,8 @@ def _feed(h: Any, obj: Any) -> None:
         h.update(f"{type(obj).__name__}:{obj!r};".encode())
     elif isinstance(obj, np.generic):
         _feed(h, obj.item())
+    elif isinstance(obj, Record):  # a dataclass as read back from a file
+        _feed(h, (obj.type, obj.fields))
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         _feed(h, (type(obj).__qualname__,
                   {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}))

@@ -126,21 +126,26 @@ def test_predict_headerless_file_needs_the_training_column_count(trained, tmp_pa
 
 
 def test_model_file_of_the_first_format_predicts_by_position(trained, tmp_path, capsys):
-    """A model.pt written before feature names and checksums (format gpscale-1) still works."""
-    payload = torch.load(trained, weights_only=False)
+    """A model.pt written before feature names and checksums (format gpscale-1, pickled) is
+    refused; converted with `gpscale convert --trust` it predicts by position."""
+    from gpscale.io import read_file
+
+    payload = read_file(trained, ("method",))
     legacy = {k: v for k, v in payload.items() if k not in ("version", "sha256")}
     legacy["format"] = "gpscale-1"
     legacy["info"] = {k: v for k, v in legacy["info"].items()
                       if k not in ("feature_names", "target_name", "target_index")}
-    old = tmp_path / "old.pt"
+    old, new = tmp_path / "old.pt", tmp_path / "new.pt"
     torch.save(legacy, old)
     x, y = _table()
     full = _write(tmp_path / "full.csv", None, np.column_stack([x[:8], y[:8]]))
     inputs = _write(tmp_path / "inputs.csv", None, x[:8])
+    _fails(capsys, _predict(old, inputs), "pickled format", "gpscale convert")
+    _ok(capsys, ["convert", str(old), str(new), "--trust"])
     want = _predictions(_ok(capsys, _predict(trained, inputs)))
     np.testing.assert_array_equal(
-        _predictions(_ok(capsys, _predict(old, full, "--target", "-1"))), want)
-    np.testing.assert_array_equal(_predictions(_ok(capsys, _predict(old, inputs))), want)
+        _predictions(_ok(capsys, _predict(new, full, "--target", "-1"))), want)
+    np.testing.assert_array_equal(_predictions(_ok(capsys, _predict(new, inputs))), want)
 
 
 def test_predict_on_a_header_only_file(trained, tmp_path, capsys):
@@ -201,24 +206,22 @@ def test_metrics_json_is_strict_json(tmp_path, capsys, monkeypatch):
 # -- file integrity -------------------------------------------------------------------------------
 
 def _overwrite_middle(path):
-    """Overwrite 200 bytes in the middle of the largest record of the (zip) checkpoint: its
-    data, not the archive's headers, whatever the optimiser's state makes the layout."""
-    import zipfile
-
-    with zipfile.ZipFile(path) as archive:
-        record = max(archive.infolist(), key=lambda info: info.file_size)
+    """Overwrite 200 bytes in the middle of the tensor data (after the JSON header)."""
     raw = bytearray(path.read_bytes())
-    head = record.header_offset  # local file header: 30 bytes, then the name and extra field
-    name_len = int.from_bytes(raw[head + 26:head + 28], "little")
-    extra_len = int.from_bytes(raw[head + 28:head + 30], "little")
-    start = head + 30 + name_len + extra_len
-    assert record.file_size > 400
-    mid = start + record.file_size // 2 - 100
+    start = 8 + int.from_bytes(raw[:8], "little")
+    assert len(raw) - start > 400
+    mid = start + (len(raw) - start) // 2 - 100
     raw[mid:mid + 200] = bytes(range(200))
     path.write_bytes(bytes(raw))
 
 
 def _foreign(path):
+    from safetensors.torch import save_file
+
+    save_file({"weights": torch.zeros(3)}, str(path))
+
+
+def _pickled(path):
     torch.save({"weights": torch.zeros(3)}, path)
 
 
@@ -226,9 +229,10 @@ def _foreign(path):
     (_overwrite_middle, "checksum mismatch"),
     (lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]), "truncated"),
     (lambda p: p.write_bytes(b""), "empty"),
-    (lambda p: p.write_text("a,b,c\n1,2,3\n"), "not written by gpscale"),
+    (lambda p: p.write_text("a,b,c\n1,2,3\n"), "not a gpscale file"),
     (_foreign, "not a gpscale file"),
-], ids=["overwritten", "truncated", "empty", "text", "foreign"])
+    (_pickled, "pickled format"),
+], ids=["overwritten", "truncated", "empty", "text", "foreign", "pickled"])
 def test_damaged_model_file(damage, needle, trained, tmp_path, capsys):
     model = tmp_path / "model.pt"
     model.write_bytes(trained.read_bytes())

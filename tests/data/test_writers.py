@@ -67,9 +67,21 @@ def test_cli_synthesize_then_fit(tmp_path, capsys):
                  str(path)]) == 0
     assert "noise floor" in capsys.readouterr().out
     assert main(["fit", "--data", str(path), "--target", "y", "--method", "svgp", "--epochs",
-                 "1", "--no-progress"]) == 0
+                 "1", "--no-progress", "--out", str(tmp_path / "run")]) == 0
     capsys.readouterr()
     assert main(["datasets", "synthesize", "--rows", "3", "--out",
                  str(tmp_path / "f.xlsx")]) != 0
     assert "unknown file type" in capsys.readouterr().err
     assert not (tmp_path / "f.xlsx").exists()
+
+
+def test_a_planted_symlink_at_the_old_temporary_name_is_not_followed(tmp_path):
+    """Issue #46: `synthesize --out X` wrote `.X.partial`, a name anyone could plant a link
+    at; the temporary file is now unpredictable and made with O_EXCL."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    for name in ("t.csv", "t.parquet", "t.npy"):
+        (tmp_path / f".{name}.partial").symlink_to(victim)
+        written = write_field(tmp_path / name, 50, num_dims=2)
+        assert written.path.stat().st_size > 0 and not written.path.is_symlink()
+    assert victim.read_text() == "keep"

@@ -248,3 +248,15 @@ def minibatch_job(name: str, n: int, batch_size: int, epochs: int) -> dict:
 def minibatch_methods_job(names: tuple, args: tuple) -> dict:
     """Several minibatch jobs in one launch."""
     return {name: minibatch_job(name, *args) for name in names}
+
+
+def bad_input_job(rank_to_fail: int) -> int:
+    """Rank ``rank_to_fail`` rejects its input as every rank would; the others return."""
+    if current().rank == rank_to_fail:
+        raise ValueError("option num_actions must be at least 1; got 0")
+    return current().rank
+
+
+def object_job() -> object:
+    """A result that is not plain data (a result file holds data only)."""
+    return Exception("not data")

@@ -98,6 +98,15 @@ def test_dead_rank_stops_the_other_with_a_clear_error():
     assert "5 s timeout" in text
 
 
+def test_bad_input_on_a_rank_is_one_value_error():
+    """A rank that rejects its input reports that error alone (a ValueError, no traceback);
+    a result that is not plain data fails its rank with the type named."""
+    with pytest.raises(ValueError, match=r"^option num_actions must be at least 1; got 0$"):
+        launch(_jobs.bad_input_job, (0,), nproc=2, timeout=5, grace=5)
+    with pytest.raises(DistributedError, match="cannot store a builtins.Exception"):
+        launch(_jobs.object_job, (), nproc=2, timeout=5, grace=5)
+
+
 def test_stopped_rank_is_noticed_by_its_heartbeat():
     """A SIGSTOPped rank (which ignores SIGTERM) is killed once its heartbeat is older than
     the timeout: the job ends after about the timeout, not after timeout + grace."""

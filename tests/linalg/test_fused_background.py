@@ -106,7 +106,7 @@ def test_a_compilation_failure_warns_once():
     torch.testing.assert_close(args[0], torch.full((2, 3, 3), float(torch.exp(torch.tensor(-1.)))))
 
 
-def test_an_unpicklable_function_fails_its_job_without_a_child():
+def test_a_function_outside_gpscale_fails_its_job_without_a_child():
     job = compile_ahead.submit(lambda t: t + 1, (torch.ones(3),), False)
     assert job.status == "failed" and "could not start the compiler process" in job.error
     assert compile_ahead._CHILD is None

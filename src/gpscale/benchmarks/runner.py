@@ -24,8 +24,10 @@ import torch
 
 from gpscale.data import Dataset, load_csv, load_dataset
 from gpscale.data.datasets import get_entry
+from gpscale.data.options import check_data_options
 from gpscale.distributions import Predictive
 from gpscale.errors import NonFiniteLossError
+from gpscale.files import atomic_write
 from gpscale.io import save
 from gpscale.methods import auto
 from gpscale.methods.auto import AUTO
@@ -97,6 +99,10 @@ class RunSpec:
             raise ValueError("a CSV file needs --target COLUMN (a name or an index)")
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be ≥ 0; got {self.eval_every}")
+        if self.dataset is not None:  # an unknown name or option: ValueError listing the valid
+            entry = get_entry(self.dataset)  # ones (split and seed are fields of their own)
+            object.__setattr__(self, "dataset_options", check_data_options(
+                entry.name, entry.options, self.dataset_options))
         # Unknown method: ValueError listing valid ones; options checked against the
         # method's declaration and typed ("32" from the command line becomes 32). "auto"
         # is resolved once the data are loaded (resolve_auto), its options checked then.
@@ -119,9 +125,8 @@ class RunResult:
 
 
 def load_data(spec: RunSpec) -> Dataset:
-    if spec.csv is not None:
-        target: str | int = int(spec.target) if str(spec.target).isdigit() else spec.target
-        return load_csv(spec.csv, target, task=spec.task, seed=spec.split)
+    if spec.csv is not None:  # a target of digits is a column name first, else an index
+        return load_csv(spec.csv, str(spec.target), task=spec.task, seed=spec.split)
     return load_dataset(spec.dataset, split=spec.split, seed=spec.seed, **spec.dataset_options)
 
 
@@ -264,8 +269,8 @@ def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, mode
                   state: Any = None) -> None:
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2,
-                                                 allow_nan=False) + "\n")
+    atomic_write(out / "metrics.json", (json.dumps(json_safe(metrics), indent=2,
+                                                   allow_nan=False) + "\n").encode())
     history.to_csv(out / "history.csv")
     history.to_json(out / "history.json")
     transform = None if data.transform is None else data.transform.to_dict()

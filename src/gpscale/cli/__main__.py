@@ -1,16 +1,21 @@
-"""``gpscale`` command line: demo | fit | predict | bench | datasets | methods.
+"""``gpscale`` command line: demo | fit | predict | convert | bench | datasets | methods.
 
 This module only parses flags into dataclasses and calls the layers below; it is also the one
 place that reads environment variables (``GPSCALE_DATA`` is read by ``gpscale.data.search_path``,
-``GPSCALE_THREADS`` here).
+``GPSCALE_THREADS`` and ``GPSCALE_DIST_TIMEOUT`` here, each checked with its name). Where the
+commands may write is checked first (:mod:`gpscale.cli.outputs`). Ctrl-C during ``fit`` stops
+after the current training step, saves what was trained with ``stopped: interrupted`` and exits
+130; a second Ctrl-C, or one in any other command, exits 130 at once with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -82,7 +87,10 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
                    help="which train/test split of the dataset (default 0)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds initialisation and minibatch order (default 0)")
-    p.add_argument("--out", default="runs/fit", help="output folder (default runs/fit)")
+    p.add_argument("--out", default="runs/fit", help="output folder (default runs/fit); one "
+                   "that holds a model.pt already is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the model.pt (and metrics) of an earlier run in --out")
     p.add_argument("--checkpoint", metavar="FILE",
                    help="checkpoint file written every epoch; a killed run resumes from it "
                    "(default: none)")
@@ -130,7 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--target", help="a column to drop if present, ignored if absent: a "
                       "header name or an index (the training target column is dropped "
                       "without this flag)")
-    pred.add_argument("--out", help="write predictions here (CSV); default stdout")
+    pred.add_argument("--out", help="write predictions here (CSV), replacing the file when "
+                      "complete; default stdout")
+
+    conv = add("convert", help="rewrite a model or checkpoint file of the earlier pickled "
+               "format in the current data-only format")
+    conv.add_argument("old", help="the file to convert (model.pt, a checkpoint, a saved "
+                      "estimator)")
+    conv.add_argument("new", help="where to write the converted file (a new path)")
+    conv.add_argument("--trust", action="store_true",
+                      help="required: converting unpickles OLD, which runs any code it holds; "
+                      "pass it only for a file from a source you trust")
 
     bench = add("bench", help="run a benchmark suite")
     bench.add_argument("suite", help="suite name (`gpscale bench list` lists them)")
@@ -168,10 +186,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _env_number(name: str, default: Any, kind: type = int) -> Any:
+    """Environment variable ``name`` as a positive ``kind``; ``ValueError`` naming it."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not value > 0 or (kind is float and not math.isfinite(value)):
+        what = "an integer ≥ 1" if kind is int else "a positive number of seconds"
+        raise ValueError(f"environment variable {name} must be {what}; got {raw!r}")
+    return value
+
+
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from gpscale.benchmarks.runner import RunSpec, run
+    from gpscale.benchmarks.runner import RunSpec
+    from gpscale.cli.outputs import claim_fit_outputs
     from gpscale.distributed.env import DEFAULT_TIMEOUT, DistributedError
     from gpscale.methods.registry import get_spec
+    from gpscale.training.interrupt import graceful_interrupt, requested
 
     if args.data is not None and args.method != "auto":
         tasks = get_spec(args.method).tasks  # --task defaults to regression for --data
@@ -190,63 +225,98 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint, progress=False if args.no_progress else None)
     # The training plan (budget, schedule, stopping rule) is shown even without --verbose.
     logging.getLogger("gpscale.fit").setLevel(logging.INFO)
-    world_size = int(os.environ.get("WORLD_SIZE") or 1)  # set by torchrun
-    timeout = float(os.environ.get("GPSCALE_DIST_TIMEOUT") or DEFAULT_TIMEOUT)
+    world_size = _env_number("WORLD_SIZE", 1)  # set by torchrun
+    timeout = _env_number("GPSCALE_DIST_TIMEOUT", DEFAULT_TIMEOUT, float)
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1; got {args.nproc}")
     if args.nproc > 1 and world_size > 1:
         raise ValueError("--nproc starts local processes itself; under torchrun leave it out")
-    try:
-        if args.nproc > 1:
-            from gpscale.benchmarks.rank import run_rank
-            from gpscale.distributed.launch import launch
-
-            threads = int(os.environ["GPSCALE_THREADS"]) if os.environ.get(
-                "GPSCALE_THREADS") else None
-            metrics = launch(run_rank, (spec, timeout), nproc=args.nproc, timeout=timeout,
-                             threads=threads)[0]
-        elif world_size > 1:
-            from gpscale.benchmarks.rank import run_rank
-            from gpscale.distributed.env import current
-
-            metrics = run_rank(spec, timeout)
-            if not current().is_main:
-                return 0
-        else:
-            metrics = run(spec).metrics
-    except DistributedError as err:
-        print(f"gpscale fit: data-parallel run failed: {err}", file=sys.stderr)
-        return 4
+    if args.data is not None and not Path(args.data).is_file():
+        raise ValueError(f"--data {args.data}: no such file")
+    main_rank = world_size == 1 or os.environ.get("RANK", "0") == "0"
+    claim = (claim_fit_outputs(args.out, overwrite=args.overwrite, checkpoint=args.checkpoint,
+                               inputs={"--data": args.data}) if main_rank
+             else contextlib.nullcontext(False))
+    # --nproc: Ctrl-C reaches every rank at once and ends the job; one process stops cleanly
+    graceful = graceful_interrupt() if args.nproc == 1 else contextlib.nullcontext()
+    with claim as earlier, graceful:
+        try:
+            metrics = _fit_metrics(spec, args.nproc, world_size, timeout)
+        except DistributedError as err:
+            if isinstance(err, ValueError):  # the same bad input on every rank: one line
+                raise
+            print(f"gpscale fit: data-parallel run failed: {err}", file=sys.stderr)
+            return 4
+        interrupted = requested()
+    if metrics is None:  # a torchrun rank other than 0: rank 0 reports
+        return 0
     from gpscale.metrics import json_safe
 
     print(json.dumps(json_safe(metrics), indent=2, allow_nan=False))
-    print(f"wrote {args.out}/metrics.json, history.csv and model.pt", file=sys.stderr)
+    wrote = f"{args.out}/metrics.json, history.csv and model.pt"
+    if interrupted:
+        print(f"gpscale fit: interrupted (Ctrl-C) after epoch {metrics.get('epochs')}; wrote "
+              f"{wrote} (stopped: {metrics.get('stopped')})"
+              + (f" and the checkpoint {args.checkpoint}" if args.checkpoint else ""),
+              file=sys.stderr)
+        return 130
+    print(f"wrote {wrote}" + (" (replacing the earlier model.pt)" if earlier else ""),
+          file=sys.stderr)
     return 0
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
-    from gpscale.cli.predict import predict_csv_chunks
+def _fit_metrics(spec: Any, nproc: int, world_size: int, timeout: float
+                 ) -> dict[str, Any] | None:
+    """Run ``spec`` in this process, in ``nproc`` local processes or as a torchrun rank;
+    the metrics (``None`` on a torchrun rank other than 0)."""
+    from gpscale.benchmarks.runner import run
 
+    if nproc > 1:
+        from gpscale.benchmarks.rank import run_rank
+        from gpscale.distributed.launch import launch
+
+        threads = _env_number("GPSCALE_THREADS", None)
+        return launch(run_rank, (spec, timeout), nproc=nproc, timeout=timeout,
+                      threads=threads)[0]
+    if world_size > 1:
+        from gpscale.benchmarks.rank import run_rank
+        from gpscale.distributed.env import current
+
+        metrics = run_rank(spec, timeout)
+        return metrics if current().is_main else None
+    return run(spec).metrics
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from gpscale.cli.outputs import check_predict_out
+    from gpscale.cli.predict import predict_csv_chunks
+    from gpscale.files import atomic_output
+
+    out = (None if args.out is None else
+           check_predict_out(args.out, {"--data": args.data, "--model": args.model}))
     chunks = predict_csv_chunks(args.model, args.data, target=args.target)
     first = next(chunks, None)  # errors in the model or the data surface before --out opens
+    tables = itertools.chain([] if first is None else [first], chunks)
+    rows = 0
     # --out is written under a temporary name and renamed when complete: a run that fails
     # midway leaves no partial file (and an existing file of that name as it was)
-    partial = Path(args.out).with_name(f".{Path(args.out).name}.partial") if args.out else None
-    out = open(partial, "w", newline="") if partial else sys.stdout
-    rows = 0
-    try:
-        for i, table in enumerate(itertools.chain([] if first is None else [first], chunks)):
-            table.write(out, header=i == 0)
+    with (contextlib.nullcontext(sys.stdout) if out is None
+          else atomic_output(out, "w", newline="")) as stream:
+        for i, table in enumerate(tables):
+            table.write(stream, header=i == 0)
             rows += len(table)
-    except BaseException:
-        if partial:
-            out.close()
-            partial.unlink(missing_ok=True)
-        raise
-    if partial:
-        out.close()
-        os.replace(partial, args.out)
+    if out is not None:
         print(f"wrote {rows} predictions to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from gpscale.io import convert
+
+    if Path(args.new).exists():
+        raise ValueError(f"{args.new} exists; convert into a new path")
+    kind = convert(args.old, args.new, trust=args.trust)
+    print(f"wrote {args.new}: {kind} in the current data-only format", file=sys.stderr)
     return 0
 
 
@@ -281,8 +351,11 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
               f"floor (best test RMSE on standardised y) {table.noise_floor:.4f}")
         return 0
     if args.action == "download":
-        path = download(args.name, cache_dir=args.cache_dir, urls=args.base_url,
-                        force=args.force)
+        from gpscale.cli.outputs import expand_user
+
+        cache = None if args.cache_dir is None else str(expand_user(args.cache_dir,
+                                                                     "--cache-dir"))
+        path = download(args.name, cache_dir=cache, urls=args.base_url, force=args.force)
         print(f"{args.name}: downloaded to {path}")
         return 0
     print(f"{'name':16s} {'task':15s} {'n':>11s} {'d':>5s}  present  location")
@@ -330,7 +403,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"fit": _cmd_fit, "predict": _cmd_predict, "bench": _cmd_bench,
+COMMANDS = {"fit": _cmd_fit, "predict": _cmd_predict, "convert": _cmd_convert,
+            "bench": _cmd_bench,
             "datasets": _cmd_datasets, "methods": _cmd_methods, "demo": _cmd_demo}
 
 
@@ -339,11 +413,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    threads = os.environ.get("GPSCALE_THREADS")
-    if threads:
-        torch.set_num_threads(int(threads))
     try:
+        threads = _env_number("GPSCALE_THREADS", None)
+        if threads:
+            torch.set_num_threads(threads)
         return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print(f"gpscale {args.command}: interrupted (Ctrl-C); stopped without writing more",
+              file=sys.stderr)
+        return 130
     except (ValueError, OSError) as err:
         print(f"gpscale {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from gpscale.data.readers import file_format
 from gpscale.data.synthetic import FieldStream
+from gpscale.files import temporary_beside
 
 __all__ = ["WrittenTable", "write_chunks", "write_field"]
 
@@ -50,8 +51,9 @@ def write_chunks(path: str | Path, chunks: Iterable[tuple[Tensor, Tensor]], *, n
                  num_dims: int) -> WrittenTable:
     """Write (x, y) chunks as one table of ``num_rows`` rows and ``num_dims + 1`` columns.
 
-    The file is written under a temporary name and renamed when complete, so an interrupted
-    write leaves no half file behind.
+    The file is written under an unpredictable temporary name beside ``path``
+    (:func:`gpscale.files.temporary_beside`) and renamed when complete, so an interrupted write
+    leaves no half file behind and a planted file or symlink is never written through.
 
     Raises:
         ValueError: an unknown file type, or chunks whose shapes or total do not match.
@@ -59,10 +61,14 @@ def write_chunks(path: str | Path, chunks: Iterable[tuple[Tensor, Tensor]], *, n
     path = Path(path)
     kind = file_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
     names = [f"x{j}" for j in range(num_dims)] + ["y"]
     count, total, total_sq = 0, 0.0, 0.0
-    sink = _Sink(kind, tmp, names, num_rows)
+    tmp = temporary_beside(path)
+    try:
+        sink = _Sink(kind, tmp, names, num_rows, gz=path.name.lower().endswith(".gz"))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     try:
         for x, y in chunks:
             block = np.concatenate([x.detach().cpu().double().numpy(),
@@ -87,7 +93,7 @@ def write_chunks(path: str | Path, chunks: Iterable[tuple[Tensor, Tensor]], *, n
 
 
 class _Sink:
-    def __init__(self, kind: str, path: Path, names: list[str], num_rows: int):
+    def __init__(self, kind: str, path: Path, names: list[str], num_rows: int, gz: bool):
         self.kind, self.names = kind, names
         self._file = self._writer = self._array = None
         if kind == "npy":
@@ -97,7 +103,6 @@ class _Sink:
             schema = pa.schema([(name, pa.float64()) for name in names])
             self._writer = pq.ParquetWriter(path, schema)
         else:
-            gz = path.name.lower().endswith(".gz.partial")
             self._file = gzip.open(path, "wb", compresslevel=1) if gz else open(path, "wb")
             schema = pa.schema([(name, pa.float64()) for name in names])
             self._writer = pacsv.CSVWriter(self._file, schema)

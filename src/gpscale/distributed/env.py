@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "DistEnv", "DistributedError", "collective", "current", "init_from_env",
-    "shutdown",
+    "DEFAULT_TIMEOUT", "DistEnv", "DistributedError", "RankInputError", "collective", "current",
+    "init_from_env", "shutdown",
 ]
 
 DEFAULT_TIMEOUT = 600.0
@@ -37,6 +37,11 @@ BACKENDS = ("gloo", "nccl")
 
 class DistributedError(RuntimeError):
     """A collective failed: another rank died, or did not answer within the timeout."""
+
+
+class RankInputError(DistributedError, ValueError):
+    """The first rank to fail rejected its input (a ``ValueError``): the same bad input on
+    every rank, reported as that one error rather than as a failed job."""
 
 
 @dataclass(frozen=True)

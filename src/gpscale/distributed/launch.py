@@ -5,7 +5,9 @@ sets the torchrun variables in each (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` = a free port), joins the
 process group (:func:`gpscale.distributed.env.init_from_env`) and calls ``fn(*args)`` on every
 rank. ``fn`` must be a module-level function (it is pickled by reference). The ranks' return
-values come back as a list in rank order.
+values come back as a list in rank order; they travel as data-only files
+(:mod:`gpscale.files`: tensors, arrays and plain data, nothing unpickled) in a temporary folder
+only the user can read.
 
 If a rank fails, the others stop by themselves at their next collective (a closed connection
 or the ``timeout``); processes still alive ``timeout + grace`` seconds after the first failure
@@ -34,7 +36,14 @@ from typing import Any
 
 import torch
 
-from gpscale.distributed.env import DEFAULT_TIMEOUT, DistributedError, init_from_env, shutdown
+from gpscale.distributed.env import (
+    DEFAULT_TIMEOUT,
+    DistributedError,
+    RankInputError,
+    init_from_env,
+    shutdown,
+)
+from gpscale.files import FormatError, atomic_write, decode, encode
 
 __all__ = ["free_port", "launch", "HEARTBEAT_S"]
 
@@ -67,15 +76,18 @@ def _worker(fn: Callable[..., Any], args: Sequence[Any], rank: int, world_size: 
                       MASTER_PORT=str(port))
     _heartbeat(Path(result_dir) / f"rank{rank}.beat")
     torch.set_num_threads(threads)
-    path = Path(result_dir) / f"rank{rank}.pt"
+    path = Path(result_dir) / f"rank{rank}.result"
     try:
         init_from_env(timeout=timeout, backend=backend)
         result = {"ok": fn(*args)}
+        raw = encode(result)  # a result that is not plain data is this rank's error
     except BaseException as err:  # reported to the parent, then this rank exits non-zero
-        result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(),
+                  "input_error": isinstance(err, ValueError), "message": str(err)}
+        raw = encode(result)
     finally:
         shutdown()
-    torch.save(result, path)
+    atomic_write(path, raw)
     if "error" in result:
         sys.exit(1)
 
@@ -96,10 +108,13 @@ def launch(fn: Callable[..., Any], args: Sequence[Any] = (), *, nproc: int = 2,
         backend: ``'gloo'`` / ``'nccl'``; default by device (see ``init_from_env``).
 
     Returns:
-        ``[fn(*args) on rank 0, …, on rank P−1]``.
+        ``[fn(*args) on rank 0, …, on rank P−1]``; each must be tensors, arrays and plain
+        data (a rank whose result is not fails with the type named).
 
     Raises:
         ValueError: ``nproc`` < 1.
+        RankInputError: the first rank to fail raised a ``ValueError`` (bad input); its
+            message only.
         DistributedError: some rank raised or died; the message names it and shows its traceback.
     """
     if not isinstance(nproc, int) or nproc < 1:
@@ -116,7 +131,9 @@ def launch(fn: Callable[..., Any], args: Sequence[Any] = (), *, nproc: int = 2,
             p.start()
         beats = [Path(tmp) / f"rank{r}.beat" for r in range(nproc)]
         failed, stalled = _join(procs, timeout + grace, beats, stale_after=timeout)
-        results = [_read(Path(tmp) / f"rank{r}.pt") for r in range(nproc)]
+        results = [_read(Path(tmp) / f"rank{r}.result") for r in range(nproc)]
+    if failed and results[failed[0]].get("input_error"):
+        raise RankInputError(results[failed[0]]["message"])
     if failed:
         raise DistributedError(_failure_message(failed, procs, results, stalled))
     return [r["ok"] for r in results]
@@ -165,7 +182,11 @@ def _age(path: Path, now: float) -> float | None:
 def _read(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
-    return torch.load(path, weights_only=False)
+    try:
+        result = decode(path.read_bytes())
+    except FormatError as err:
+        return {"error": f"its result file {path.name} {err}"}
+    return result if isinstance(result, dict) else {"error": "its result file is malformed"}
 
 
 def _failure_message(failed: list[int], procs: list, results: list[dict[str, Any]],

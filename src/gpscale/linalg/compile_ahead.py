@@ -15,14 +15,19 @@ running the uncompiled function and, once the child reports a job done, compiles
 now from the warm cache (1–2 s per function here instead of 5–20 s cold). One child runs at a time;
 jobs submitted meanwhile go to the next one. A child still running when the caller exits is
 killed. Nothing in the calling process ever sees ``is_compiling()``.
+
+The jobs reach the child as JSON in a private temporary folder: each function by its module and
+qualified name (a module-level function of gpscale; anything else fails its job in the caller),
+each argument by shape, strides, dtype, device and grad flag. The child imports nothing a job
+names outside the ``gpscale`` package and unpickles nothing.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
-import pickle
 import subprocess
 import sys
 import tempfile
@@ -71,9 +76,22 @@ def _spec(a: Any) -> tuple:
     return ("value", a)
 
 
+def _job_json(job: Job) -> dict[str, Any]:
+    """What the child needs to compile ``job``, as JSON; ``TypeError`` for a function that is
+    not a module-level function of gpscale, ``ValueError`` for an argument JSON cannot hold."""
+    module, name = getattr(job.fn, "__module__", None), getattr(job.fn, "__qualname__", "")
+    if not (isinstance(module, str) and module.split(".")[0] == "gpscale") or "<" in name:
+        raise TypeError(f"{job.fn!r} is not a module-level function of gpscale")
+    specs = [list(s[:3]) + [str(s[3]).removeprefix("torch."), *s[4:]] if s[0] == "tensor"
+             else list(s) for s in job.specs]
+    json.dumps(specs, allow_nan=False)  # only plain values travel
+    return {"module": module, "name": name, "specs": specs, "grad_mode": job.grad_mode,
+            "default_dtype": str(job.default_dtype).removeprefix("torch.")}
+
+
 def submit(fn: Callable, args: Sequence[Any], grad_mode: bool) -> Job:
     """Queue ``fn`` to be compiled ahead for arguments like ``args`` (tensors, whose shape,
-    strides, dtype, device and ``requires_grad`` the child copies, or picklable values) under
+    strides, dtype, device and ``requires_grad`` the child copies, or JSON values) under
     ``grad_mode``; starts a child if none runs. Returns the job to watch."""
     job = Job(fn, tuple(_spec(a) for a in args), bool(grad_mode), torch.get_default_dtype())
     _PENDING.append(job)
@@ -105,16 +123,15 @@ def wait(job: Job, timeout: float | None = None) -> bool:
 
 def _start(jobs: list[Job]) -> _Child | None:
     folder = tempfile.TemporaryDirectory(prefix="gpscale-compile-")
-    path = Path(folder.name) / "jobs.pkl"
+    path = Path(folder.name) / "jobs.json"
     try:
-        path.write_bytes(pickle.dumps([(j.fn, j.specs, j.grad_mode, j.default_dtype)
-                                       for j in jobs]))
+        path.write_text(json.dumps([_job_json(j) for j in jobs]))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         with open(Path(folder.name) / "stderr.txt", "w") as stderr:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gpscale.linalg.compile_ahead", str(path)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
-    except (OSError, pickle.PicklingError, AttributeError, TypeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         for job in jobs:
             job.status, job.error = "failed", f"could not start the compiler process: {exc}"
         folder.cleanup()
@@ -159,10 +176,27 @@ def stop() -> None:
     _PENDING.clear()
 
 
-def _stand_in(spec: tuple) -> Any:
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is not a torch dtype")
+    return dtype
+
+
+def _function(module: str, name: str) -> Callable:
+    if module.split(".")[0] != "gpscale":
+        raise ValueError(f"refusing to import {module!r}: not a gpscale module")
+    fn: Any = importlib.import_module(module)
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
+def _stand_in(spec: list) -> Any:
     if spec[0] == "value":
         return spec[1]
     _, shape, stride, dtype, requires_grad, device = spec
+    dtype = _dtype(dtype)
     size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
     storage = (torch.rand(size, dtype=dtype, device=device) if dtype.is_floating_point
                else torch.zeros(size, dtype=dtype, device=device))  # only the layout matters
@@ -171,14 +205,15 @@ def _stand_in(spec: tuple) -> Any:
 
 def _main(path: str) -> None:
     """The child: compile every job, writing results.json (one entry per job) as it goes."""
-    jobs = pickle.loads(Path(path).read_bytes())
+    jobs = json.loads(Path(path).read_text())
     results: list[str] = []
     out = Path(path).with_name("results.json")
-    for fn, specs, grad_mode, default_dtype in jobs:
+    for job in jobs:
         try:
-            torch.set_default_dtype(default_dtype)
-            args = [_stand_in(s) for s in specs]
-            with torch.set_grad_enabled(grad_mode):
+            fn = _function(job["module"], job["name"])
+            torch.set_default_dtype(_dtype(job["default_dtype"]))
+            args = [_stand_in(s) for s in job["specs"]]
+            with torch.set_grad_enabled(job["grad_mode"]):
                 torch.compile(fn, dynamic=True)(*args)
             results.append("ok")
         except Exception as exc:  # reported in the caller, which then compiles itself

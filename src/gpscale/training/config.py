@@ -3,6 +3,8 @@ defaults as one (:data:`METHOD_DEFAULTS`)."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -86,7 +88,7 @@ class FitConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}; got {self.optimizer!r}")
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {SCHEDULERS}; got {self.scheduler!r}")
-        _positive("lr", self.lr)
+        _positive("lr", self.lr, finite=True)
         _positive_int("epochs", self.epochs)
         _positive_int("eval_every", self.eval_every)
         _positive_int("checkpoint_every", self.checkpoint_every)
@@ -147,9 +149,12 @@ class FitConfig:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-def _positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be positive; got {value}")
+def _positive(name: str, value: float, *, finite: bool = False) -> None:
+    """ValueError naming ``name`` unless ``value`` is a real number > 0 (and finite)."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (real and value > 0 and (math.isfinite(value) or not finite)):
+        what = "a finite positive number" if finite else "a positive number"
+        raise ValueError(f"{name} must be {what}; got {value!r}")
 
 
 def _positive_int(name: str, value: int) -> None:

@@ -35,10 +35,16 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from gpscale.errors import NonFiniteLossError, NumericalError, SavedFileError
-from gpscale.io import read_file, write_file
+from gpscale.errors import NonFiniteLossError, NumericalError
+from gpscale.training.checkpoint import (
+    announce_resume,
+    load_checkpoint,
+    run_identity,
+    save_checkpoint,
+)
 from gpscale.training.config import FitConfig
 from gpscale.training.history import History
+from gpscale.training.interrupt import requested as interrupt_requested
 from gpscale.training.schedules import BestEpoch, Schedule
 
 __all__ = ["fit", "default_loss", "condition_only"]
@@ -67,6 +73,7 @@ class _Run:
     windowed: bool = False  # the plateau test ran on windows of the last epoch
     converged: bool = False  # a window of the last epoch found convergence
     out_of_time: bool = False  # the last epoch stopped early at the deadline
+    interrupted: bool = False  # Ctrl-C asked to stop (gpscale.training.interrupt)
 
 
 def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
@@ -114,10 +121,10 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
     run = _start(model, params, config, x.shape[0])
     ckpt = Path(config.checkpoint) if config.checkpoint else None
     if ckpt is not None:
-        run.identity = _identity(model, run.optimizer, x, y, parallel)
+        run.identity = run_identity(model, run.optimizer, x, y, parallel)
     if ckpt is not None and config.resume and ckpt.exists():
-        _load_checkpoint(ckpt, model, run)
-        log.info("resumed from %s at epoch %d", ckpt, run.start_epoch)
+        load_checkpoint(ckpt, model, run)
+        announce_resume(ckpt, run, config)
     history = run.history
     clock = run.time_offset
     main = parallel is None or parallel.is_main
@@ -173,15 +180,17 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
                                               and clock >= config.max_time)
             if out_of_time or epoch == config.epochs:
                 best.restore_if_worse(loss, model, run.optimizer, run.scheduler)
-            last = epoch == config.epochs or out_of_time or converged
+            run.interrupted = parallel is None and (run.interrupted or interrupt_requested())
+            last = epoch == config.epochs or out_of_time or converged or run.interrupted
             _run_callbacks(callbacks, model, epoch, row, final=last)
             history.append(row)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4g}")
             if ckpt is not None and main and (epoch % config.checkpoint_every == 0 or last):
-                _save_checkpoint(ckpt, model, run, epoch, clock)
-            if out_of_time or converged:
-                history.stopped = "converged" if converged else "time"
+                save_checkpoint(ckpt, model, run, epoch, clock)
+            if out_of_time or converged or run.interrupted:
+                history.stopped = ("interrupted" if run.interrupted else
+                                   "converged" if converged else "time")
                 break
         else:
             history.stopped = "epochs"
@@ -295,6 +304,9 @@ def _epoch(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, config: FitC
         rows = xb.shape[0] if parallel is None else parallel.step_rows()  # the global batch
         total += value * rows
         count += rows
+        if parallel is None and interrupt_requested():  # Ctrl-C: end the epoch at this step
+            run.interrupted = True
+            break
         if window is None:
             continue
         w_total, w_count, steps = w_total + value * rows, w_count + rows, steps + 1
@@ -374,102 +386,3 @@ def _show(config: FitConfig) -> bool:
     if config.progress is not None:
         return config.progress
     return sys.stderr.isatty()
-
-
-def _save_checkpoint(path: Path, model: nn.Module, run: _Run, epoch: int, clock: float) -> None:
-    state = {
-        "run": run.identity,
-        "epoch": epoch,
-        "time_s": clock,
-        "model": model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
-        "generator": run.generator.get_state(),
-        "history": run.history.state_dict(),
-    }
-    write_file(path, "checkpoint", state)
-
-
-def _load_checkpoint(path: Path, model: nn.Module, run: _Run) -> None:
-    state = read_file(path, ("checkpoint",))
-    _check_checkpoint(path, state, model, run.identity)
-    try:
-        model.load_state_dict(state["model"])
-        run.optimizer.load_state_dict(state["optimizer"])
-        if run.scheduler is not None and state["scheduler"] is not None:
-            run.scheduler.load_state_dict(state["scheduler"])
-        run.generator.set_state(state["generator"])
-        run.history = History.from_state_dict(state["history"])
-        run.start_epoch = int(state["epoch"]) + 1
-        run.time_offset = float(state["time_s"])
-    except (KeyError, TypeError, AttributeError, ValueError, RuntimeError) as err:
-        text = " ".join(str(err).split())[:200]
-        raise SavedFileError(path, f"cannot resume from this checkpoint ({text}){_FRESH}") \
-            from None
-
-
-_FRESH = "; delete it, or pass another checkpoint path, to train from the start"
-
-
-def _identity(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor,
-              parallel: Any) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed: the method (or module class), the optimiser
-    and, in one process, the training data's shapes and 16 probe rows (a data-parallel rank
-    holds only its shard, so there the data is not compared)."""
-    identity: dict[str, Any] = {
-        "model": getattr(model, "method_key", None) or type(model).__qualname__,
-        "optimizer": type(optimizer).__name__, "data": None}
-    if parallel is None:
-        n = x.shape[0]
-        idx = torch.linspace(0, max(n - 1, 0), min(n, 16)).round().long()
-        identity["data"] = {"x_shape": tuple(x.shape), "y_shape": tuple(y.shape),
-                            "x": x[idx.to(x.device)].detach().double().cpu(),
-                            "y": y[idx.to(y.device)].detach().double().cpu()}
-    return identity
-
-
-def _check_checkpoint(path: Path, state: dict[str, Any], model: nn.Module,
-                      identity: dict[str, Any] | None) -> None:
-    """Raise SavedFileError when the checkpoint was written by another run."""
-    saved, now = state.get("run") or {}, identity or {}
-    for key, what in (("model", "method"), ("optimizer", "optimiser")):
-        if saved.get(key) is not None and now.get(key) is not None and saved[key] != now[key]:
-            raise SavedFileError(path, f"was written by a run with {what} {saved[key]}; this "
-                                 f"run uses {now[key]}{_FRESH}")
-    theirs, own = state.get("model"), model.state_dict()
-    if not isinstance(theirs, dict):
-        raise SavedFileError(path, f"holds no model parameters{_FRESH}")
-    diffs = [f"{k} missing" for k in own if k not in theirs]
-    diffs += [f"unexpected {k}" for k in theirs if k not in own]
-    diffs += [f"{k} has shape {_describe(theirs[k])} there, {_describe(own[k])} here"
-              for k in own if k in theirs and _describe(theirs[k]) != _describe(own[k])]
-    dtypes = {(str(v.dtype), str(own[k].dtype)) for k, v in theirs.items()
-              if isinstance(v, Tensor) and k in own and v.dtype != own[k].dtype}
-    if dtypes and not diffs:
-        there, here = (", ".join(sorted({d[i].replace("torch.", "") for d in dtypes}))
-                       for i in (0, 1))
-        raise SavedFileError(path, f"was written by a {there} run; this run trains in {here} "
-                             f"(--dtype){_FRESH}")
-    if diffs:
-        raise SavedFileError(path, f"its parameters do not match this model ({'; '.join(diffs[:3])}"
-                             f"{'; ...' if len(diffs) > 3 else ''}): written with other method "
-                             f"options (-o)?{_FRESH}")
-    _check_data(path, saved.get("data"), now.get("data"))
-
-
-def _check_data(path: Path, saved: dict[str, Any] | None, now: dict[str, Any] | None) -> None:
-    if saved is None or now is None:
-        return
-    if tuple(saved["x_shape"]) != now["x_shape"] or tuple(saved["y_shape"]) != now["y_shape"]:
-        raise SavedFileError(path, f"was written for training data of shape "
-                             f"{tuple(saved['x_shape'])}; this run's is {now['x_shape']} "
-                             f"(another data set or split?){_FRESH}")
-    close = all(torch.allclose(saved[k], now[k], rtol=1e-5, atol=1e-6, equal_nan=True)
-                for k in ("x", "y"))
-    if not close:
-        raise SavedFileError(path, "was written for other training data of the same shape "
-                             f"(another data set, split or seed?){_FRESH}")
-
-
-def _describe(value: Any) -> str:
-    return str(tuple(value.shape)) if isinstance(value, Tensor) else type(value).__name__

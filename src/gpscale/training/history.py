@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpscale.files import atomic_output, atomic_write
 from gpscale.metrics import json_safe
 
 __all__ = ["History"]
@@ -19,8 +20,8 @@ class History:
 
     ``stopped`` is one of ``"epochs"`` (budget reached), ``"time"`` (wall-clock budget),
     ``"converged"`` (the loss stopped improving, see ``training.schedules``), ``"non-finite"``
-    (the loss became NaN/inf), ``"numerical-error"``, ``"conditioned"`` (nothing to train) or
-    ``"running"``.
+    (the loss became NaN/inf), ``"numerical-error"``, ``"conditioned"`` (nothing to train),
+    ``"interrupted"`` (Ctrl-C under ``training.interrupt.graceful_interrupt``) or ``"running"``.
     """
 
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -48,8 +49,9 @@ class History:
         return None
 
     def to_csv(self, path: str | Path) -> None:
+        """Write the rows as CSV (atomically: the file appears complete or not at all)."""
         cols = list(dict.fromkeys(k for r in self.rows for k in r)) or ["epoch"]
-        with open(path, "w", newline="") as f:
+        with atomic_output(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=cols)
             writer.writeheader()
             writer.writerows(self.rows)
@@ -57,7 +59,7 @@ class History:
     def to_json(self, path: str | Path) -> None:
         text = json.dumps(json_safe({"stopped": self.stopped, "rows": self.rows}), indent=1,
                           allow_nan=False)  # a NaN or inf value is written as null
-        Path(path).write_text(text)
+        atomic_write(path, text.encode())
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": [dict(r) for r in self.rows], "stopped": self.stopped}
