@@ -9,6 +9,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+# Without a GPU, Triton's interpreter runs the Triton kernels on the CPU
+# (tests/linalg/test_triton.py). Triton reads this when its kernels are decorated, so it is set
+# before anything imports gpscale.linalg.triton.stationary.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from gpscale.linalg import fused
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -16,6 +16,7 @@ Backends of ``kernel_matmul`` (all compute the same numbers up to rounding):
 | `compiled` | as `fused`                       | the same, elementwise part ``torch.compile``d |
 | `keops`    | as `fused`                       | pykeops (``pip install gpscale[keops]``)     |
 | `native`   | as `fused`, CPU                  | C row kernels (:mod:`gpscale.linalg.native`) |
+| `triton`   | as `fused`, CUDA                 | Triton kernels (:mod:`gpscale.linalg.triton`) |
 
 `native` covers the block-sparse products of CaGP-Opt (``kernel_block_sparse_matmul``, and the
 rectangular one without gradients) and, where nothing needs a gradient, the dense product
@@ -37,7 +38,7 @@ import gpytorch
 import torch
 from gpytorch.kernels import InducingPointKernel, Kernel, MaternKernel, RBFKernel, ScaleKernel
 
-from gpscale.linalg import fused, keops, native, reach
+from gpscale.linalg import fused, native, products, reach, triton
 from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk_size
 from gpscale.linalg.operators.block_sparse import BlockSparseActions, symmetric_kernel_product
 from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
@@ -59,7 +60,7 @@ _BASE_KERNELS = {
 }
 KERNELS = tuple(_BASE_KERNELS)
 
-BACKENDS = ("auto", "eager", "fused", "compiled", "keops", "native")
+BACKENDS = ("auto", "eager", "fused", "compiled", "keops", "native", "triton")
 
 AUTO_COMPILE_MIN_ENTRIES = 2**22
 """``auto`` compiles only products with at least this many kernel entries (n1·n2 per batch):
@@ -188,7 +189,8 @@ def select_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str = "auto"
     """The backend ``kernel_matmul`` uses; resolves ``'auto'`` by a fixed rule.
 
     Rule for ``'auto'``: 'eager' when :func:`kernel_hyperparameters` does not recognise the
-    kernel; otherwise on CUDA 'keops' when pykeops is installed, else 'compiled'; on the CPU,
+    kernel; otherwise on CUDA 'triton' where Triton is installed (it comes with torch's CUDA
+    builds), else 'keops' when pykeops is installed, else 'compiled'; on the CPU,
     for a product of at least :data:`AUTO_COMPILE_MIN_ENTRIES` entries, 'native' where it is
     available and d ≤ :data:`~gpscale.linalg.native.DENSE_MAX_DIMS` (it runs 'compiled' when a
     gradient is needed), else 'compiled'; smaller CPU products 'fused'; other devices 'fused'. A
@@ -207,6 +209,8 @@ def select_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str = "auto"
     if kernel_hyperparameters(kernel) is None:
         return "eager"
     if x1.device.type == "cuda":
+        if triton.available(x1):
+            return "triton"
         return "keops" if importlib.util.find_spec("pykeops") is not None else "compiled"
     if x1.device.type == "cpu" and x1.shape[-2] * x2.shape[-2] >= AUTO_COMPILE_MIN_ENTRIES:
         return "native" if native.suits_dense(x1) else "compiled"
@@ -277,46 +281,17 @@ def _require_hyperparameters(kernel: Kernel, backend: str) -> KernelHyperparamet
 
 
 def _scaled_inputs(hp: KernelHyperparameters, x1: Tensor, x2: Tensor, rhs: Tensor):
-    """:func:`gpscale.linalg.reach.batched`: (B, n, d) inputs centred within reach, rhs, the
-    batch shape and the within-reach masks (the caller zeroes the rest: ``within_reach``)."""
-    if hp.lengthscale.shape[-1] not in (1, x1.shape[-1]):
-        raise ValueError(f"the kernel has {hp.lengthscale.shape[-1]} lengthscales (ARD) but the "
-                         f"inputs have {x1.shape[-1]} features")
-    return reach.batched(x1, x2, rhs, hp.lengthscale, hp.outputscale.shape)
+    """:func:`gpscale.linalg.products.scaled_inputs` with the kernel's hyperparameters."""
+    return products.scaled_inputs(hp.lengthscale, hp.outputscale.shape, x1, x2, rhs)
 
 
-def _fused(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int, *,
-           compiled: bool = False) -> Tensor:
-    hp = _require_hyperparameters(kernel, "compiled" if compiled else "fused")
-    z1, z2, rhs3, batch, keep1, keep2 = _scaled_inputs(hp, x1, x2, rhs)
-    z1, z2, exact = fused.exact_last(z1, z2)
-    rule = fused.stationary_rule(hp.profile, compiled=compiled, exact=exact)
-    out = chunked_product(rule, z1, z2, reach.within_reach(rhs3, keep2), chunk_size=chunk)
-    out = reach.within_reach(out, keep1)  # (B, n1, k)
-    return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
-
-
-def _compiled(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
-    return _fused(kernel, x1, x2, rhs, chunk, compiled=True)
-
-
-def _native(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
-    """:func:`gpscale.linalg.native.dense_product` per batch member where no input or
-    hyperparameter needs a gradient and the inputs are CPU float tensors; 'compiled' otherwise
-    (the native product has no adjoint). ``x1 is x2`` selects the symmetric product."""
-    hp = _require_hyperparameters(kernel, "native")
-    needs_grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (x1, x2, rhs, hp.lengthscale, hp.outputscale))
-    if needs_grad or not native.available(x1) or x2.dtype != x1.dtype or rhs.dtype != x1.dtype:
-        return _compiled(kernel, x1, x2, rhs, chunk)
-    symmetric = x1 is x2
-    z1, z2, rhs3, batch, keep1, keep2 = _scaled_inputs(hp, x1, x2, rhs)
-    rhs3 = reach.within_reach(rhs3, keep2)
-    out = reach.within_reach(torch.stack([
-        native.dense_product(hp.profile, z2[b] if symmetric else z1[b],
-                             None if symmetric else z2[b], rhs3[b])
-        for b in range(rhs3.shape[0])]), keep1)
-    return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
+def _stationary(name: str):
+    """The backend ``name`` of :func:`gpscale.linalg.products.stationary_matmul`."""
+    def run(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
+        hp = _require_hyperparameters(kernel, name)
+        return products.stationary_matmul(name, hp.profile, hp.lengthscale, hp.outputscale,
+                                          x1, x2, rhs, chunk)
+    return run
 
 
 def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
@@ -476,17 +451,7 @@ def _block_sparse_rows(kernel: Kernel, x_rows: Tensor, x: Tensor, actions: Block
                            chunk_size=chunk_size or default_chunk_size(x.shape[-2]))
 
 
-def _keops(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
-    """pykeops reduction (KeOps tiles on its own, so ``chunk`` is unused)."""
-    hp = _require_hyperparameters(kernel, "keops")
-    z1, z2, rhs3, batch, keep1, keep2 = _scaled_inputs(hp, x1, x2, rhs)
-    out = keops.product(hp.profile, z1, z2, reach.within_reach(rhs3, keep2))  # (B, n1, k)
-    out = reach.within_reach(out, keep1)
-    return hp.outputscale[..., None, None] * out.reshape(*batch, *out.shape[-2:])
-
-
-_BACKENDS = {"eager": _eager, "fused": _fused, "compiled": _compiled, "keops": _keops,
-             "native": _native}
+_BACKENDS = {"eager": _eager, **{name: _stationary(name) for name in products.BACKENDS}}
 
 
 def kernel_preconditioner(kernel: Kernel, x: torch.Tensor, *, noise: float | torch.Tensor,
