@@ -47,3 +47,9 @@ class SavedFileError(ValueError):
 class ConvergenceWarning(RuntimeWarning):
     """An iterative solve stopped short of its tolerance; the message names the residual it
     reached and what was done about it (a tighter re-solve, or nothing left to try)."""
+
+
+class DeviceMemoryError(MemoryError):
+    """A run needs more memory than its device has: refused before training where the need is
+    known (the dense baselines' n × n matrices), or torch ran out mid-run. The message is one
+    line naming the device, the memory and what to change."""

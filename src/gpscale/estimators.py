@@ -45,8 +45,9 @@ from gpscale.distributions import Predictive
 from gpscale.io import model_from_payload, model_payload, register_loader
 from gpscale.methods import auto
 from gpscale.methods.auto import AUTO
+from gpscale.methods.base import module_device
 from gpscale.methods.registry import METHODS, get_spec
-from gpscale.training import History, resolve_fit_config
+from gpscale.training import FitConfig, History, resolve_fit_config
 from gpscale.training.config import DTYPES, OPTIMIZERS, SCHEDULERS
 from gpscale.training.harness import cast, train_method
 from gpscale.validation import check_finite_output, check_x, nonfinite_rows
@@ -155,7 +156,8 @@ class _GPEstimator(BaseEstimator):
         self.model_ = trained.model
         self.history_: History = trained.history
         self.fit_config_ = config
-        self._train = tuple(t.to(config.torch_device) for t in train)  # where the model is
+        # where the model is (the CPU when its conditioning did not fit on the GPU)
+        self._train = tuple(t.to(module_device(self.model_)) for t in train)
         self._state = trained.state
         self.n_features_in_ = x.shape[1]
 
@@ -168,8 +170,10 @@ class _GPEstimator(BaseEstimator):
             self.method_reason_ = "given"
             return self.method, get_spec(self.method).resolve(self._options,
                                                               fill_defaults=False)
+        device = FitConfig(device=self.device or "cpu").torch_device
         choice, options = auto.pick(self._task, x.shape[0], x.shape[1],
-                                    num_classes=num_classes, options=self._options)
+                                    num_classes=num_classes, options=self._options,
+                                    device=device)
         self.method_reason_ = choice.reason
         return choice.method, options
 

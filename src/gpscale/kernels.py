@@ -306,7 +306,8 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
     (:func:`gpscale.linalg.native.symmetric_block_sparse_product`: no tile stored, ~2.7x faster
     on Protein), else :func:`~gpscale.linalg.operators.block_sparse.symmetric_kernel_product`
     (tiles of at most ``chunk_size²`` entries, each off-diagonal one used twice, recomputed in
-    backward). With ``x_rows`` (prediction): :func:`kernel_block_sparse_rect_matmul`. Other
+    backward); on CUDA the Triton kernels (:func:`gpscale.linalg.triton.block_sparse_product`).
+    With ``x_rows`` (prediction): :func:`kernel_block_sparse_rect_matmul`. Other
     kernels, or 'eager': row chunks of ``K(x_rows, x)`` (at most ``chunk_size × n`` entries,
     forward and backward) reduced block by block. No n × n tensor exists in any case.
 
@@ -348,6 +349,11 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
                                                     actions.values, actions.layout)
         return hp.outputscale * out[actions.inverse_index()]
     z, _, exact = fused.exact_last(z, z)
+    if name == "triton":  # one kernel entry per pair, the blocks reduced on chip
+        zb = z[0][actions.index]
+        out = triton.block_sparse_product(hp.profile, zb, zb, actions.values, actions.layout,
+                                          exact)
+        return hp.outputscale * out[actions.inverse_index()]
     out = symmetric_kernel_product(hp.profile, z[0][actions.index], actions.values,
                                    actions.layout, compiled=name != "fused",
                                    chunk_size=chunk_size or fused.span_rows(z),
@@ -418,6 +424,10 @@ def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
             return hp.outputscale * reach.within_reach(out[None], keep_rows)[0]
         name = "compiled"  # the native rectangular product has no adjoint
     z_rows, z, exact = fused.exact_last(z_rows, z)
+    if name == "triton" and rows is None:  # other points (prediction)
+        out = triton.block_sparse_product(hp.profile, z_rows[0], z[0][actions.index], values,
+                                          actions.layout, exact)
+        return hp.outputscale * reach.within_reach(out[None], keep_rows)[0]
     position = None if rows is None else actions.inverse_index()[rows]  # block-order rows
     if rows is not None:
         z_rows = z[:, rows]  # the very same numbers as the columns (D² = 0 exactly on the pair)

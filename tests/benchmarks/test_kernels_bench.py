@@ -14,3 +14,51 @@ def test_block_sparse_rows_time_both_backends_forward_and_backward():
     for r in rows:
         assert r["n"] == 700 and r["seconds"] > 0
         assert abs(r["entries_per_s"] * r["seconds"] - 700**2) < 1e-6 * 700**2
+
+
+def test_gpu_rows_run_on_any_device_and_check_accuracy():
+    """The GPU suite's rows, run on the CPU at n = 150 (Triton by its interpreter): every
+    backend that runs there plus the hand-written loop, with times, accuracy against float64
+    and a roofline from the same process."""
+    import torch
+
+    from gpscale.benchmarks import kernels_gpu
+
+    rows = kernels_gpu.gpu_rows(torch.device("cpu"), n=150, gemm_size=128)
+    sparse = [r for r in rows if r["measure"].startswith("block-sparse")]
+    assert {(r["measure"], r["backend"]) for r in sparse} >= {
+        ("block-sparse forward", "compiled"), ("block-sparse backward", "compiled")}
+    assert all(r["seconds"] > 0 and r["n"] == 150 for r in sparse)
+    rows = [r for r in rows if r["measure"] == "throughput"]
+    names = {r["backend"] for r in rows}
+    assert {"compiled", "eager", "hand-written loop (cdist)"} <= names
+    for r in rows:
+        assert r["n"] == 150 and r["device"] == "cpu" and "note" not in r
+        assert r["seconds"] > 0 and r["backward_s"] > 0 and r["roofline_entries_per_s"] > 0
+        assert r["max_rel_error"] < 1e-5, r
+        assert abs(r["fraction_of_roofline"] * r["roofline_entries_per_s"] * r["seconds"]
+                   - 150**2) < 1e-6 * 150**2
+
+
+def test_handwritten_loop_is_the_matern_product():
+    import torch
+
+    from gpscale.benchmarks.kernels_gpu import handwritten_loop
+    from gpscale.kernels import kernel_matmul, make_kernel
+
+    g = torch.Generator().manual_seed(0)
+    x, v = torch.randn(50, 3, generator=g), torch.randn(50, 2, generator=g)
+    kernel = make_kernel("matern32", 3)
+    kernel.base_kernel.lengthscale = torch.tensor([[0.5, 1.0, 2.0]])
+    kernel.outputscale = 1.7
+    got = handwritten_loop(kernel.base_kernel.lengthscale, kernel.outputscale, x, v, chunk=7)
+    torch.testing.assert_close(got, kernel_matmul(kernel, x, x, v, backend="eager"))
+
+
+def test_suites_without_a_gpu_path_refuse_device(tmp_path):
+    import pytest
+
+    from gpscale.benchmarks.registry import run_suite
+
+    with pytest.raises(ValueError, match="runs on the CPU only .--device.*kernels, scale"):
+        run_suite("ski", tmp_path, quick=True, device="cuda")

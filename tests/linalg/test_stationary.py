@@ -7,7 +7,14 @@ import pytest
 import torch
 from tests.linalg._profiles import DENSE
 
+from gpscale.linalg import stationary
 from gpscale.linalg.stationary import stationary_matrix
+
+
+@pytest.fixture(params=[2**22, 10], ids=["one-block", "blocks-of-2-rows"])
+def row_blocks(request, monkeypatch):
+    """Whole matrices, and row blocks of 2 rows of n2 = 5 (the last block ragged)."""
+    monkeypatch.setattr(stationary, "ROW_BLOCK_ENTRIES", request.param)
 
 
 def _inputs(generator, B=2, n1=6, n2=5, d=3):
@@ -18,7 +25,7 @@ def _inputs(generator, B=2, n1=6, n2=5, d=3):
 
 @pytest.mark.parametrize("exact", [0, 1])
 @pytest.mark.parametrize("profile", list(DENSE))
-def test_values_and_gradcheck(profile, exact, generator):
+def test_values_and_gradcheck(profile, exact, generator, row_blocks):
     z1, z2, s = _inputs(generator)
     expected = s[:, None, None] * DENSE[profile](torch.cdist(z1, z2))
     K = stationary_matrix(z1, z2, s, profile, exact=exact)
@@ -29,8 +36,11 @@ def test_values_and_gradcheck(profile, exact, generator):
 
 
 @pytest.mark.parametrize("profile", list(DENSE))
-def test_symmetric_diagonal_is_the_outputscale_exactly(profile, generator):
+def test_symmetric_diagonal_is_the_outputscale_exactly(profile, generator, row_blocks):
     z, _, s = _inputs(generator)
     z = z * 30  # large coordinates: the expansion alone would leave rounding on the diagonal
     K = stationary_matrix(z, z, s, profile, symmetric=True)
     assert torch.equal(K.diagonal(dim1=-2, dim2=-1), s[:, None].expand(2, 6))
+    if stationary.ROW_BLOCK_ENTRIES < 30:  # blocks of 1 row of n = 6: the same matrix
+        expected = s[:, None, None] * DENSE[profile](torch.cdist(z, z))
+        torch.testing.assert_close(K, expected, rtol=1e-10, atol=1e-10)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gpscale import GPClassifier, GPRegressor
 from gpscale.cli.__main__ import main
@@ -166,3 +167,24 @@ def test_cagp_choice_above_the_prefit_threshold_names_the_faster_alternative():
     assert above.method == below.method == "cagp-opt"
     assert "--method solvegp converges sooner" in above.reason
     assert "solvegp" not in below.reason
+
+
+@pytest.mark.parametrize(("n", "d", "key"), [
+    (35_000, 8, "exact"), (60_000, 8, "cagp-opt"), (200_000, 8, "cagp-opt"),
+    (200_001, 8, "solvegp"), (60_000, 2, "ggp"), (1_000, 8, "exact")])
+def test_on_a_gpu_exact_goes_as_far_as_it_fits_and_cagp_opt_further(n, d, key):
+    gpu = torch.device("cuda:0")
+    choice = choose_method("regression", n, d, memory=80 * GIB, device=gpu)
+    assert choice.method == key and "cuda:0" in choice.reason
+    # the exact GP's limit is the card's memory: 35,000 points do not fit in 40 GiB
+    if n == 35_000:
+        assert choose_method("regression", n, d, memory=40 * GIB, device=gpu).method == "cagp-opt"
+        assert choose_method("regression", n, d, memory=80 * GIB).method == "cagp-opt"  # CPU
+
+
+def test_classification_and_counts_choose_the_same_on_a_gpu():
+    gpu = torch.device("cuda:0")
+    for task, n, c in (("classification", 8_000, 10), ("classification", 10**6, 2),
+                       ("counts", 5_000, None)):
+        assert (choose_method(task, n, 5, num_classes=c, memory=80 * GIB, device=gpu)
+                == choose_method(task, n, 5, num_classes=c, memory=80 * GIB))

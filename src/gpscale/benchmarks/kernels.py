@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 NUM_DIMS, NUM_RHS, DTYPE = 8, 64, torch.float32
 COLUMNS = ["measure", "backend", "n", "seconds", "entries_per_s", "fraction_of_roofline",
            "gemm_gflops", "roofline_entries_per_s", "peak_mb", "dense_kernel_mb"]
+GPU_COLUMNS = ["measure", "backend", "device", "n", "seconds", "backward_s", "entries_per_s",
+               "fraction_of_roofline", "max_rel_error", "gemm_gflops",
+               "roofline_entries_per_s", "note"]
 
 
 def gemm_gflops(size: int = 2048, repeats: int = 3) -> float:
@@ -170,16 +173,21 @@ def _block_sparse_rows(n: int, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run(out_dir: Path | str, *, quick: bool = False) -> list[dict[str, Any]]:
+def run(out_dir: Path | str, *, quick: bool = False,
+        device: str | None = None) -> list[dict[str, Any]]:
     """Measure throughput (a) and memory (b); write ``report.md`` etc. into ``out_dir``.
 
     Args:
         out_dir: output folder.
         quick: small sizes for a smoke test.
+        device: ``"cuda"`` (``"cuda:N"``) measures the GPU's product instead
+            (:mod:`gpscale.benchmarks.kernels_gpu`); ``None`` or ``"cpu"`` this module's.
 
     Returns:
         The result rows (also written to ``results.csv`` / ``results.jsonl``).
     """
+    if device not in (None, "cpu"):
+        return _run_gpu(out_dir, quick, device)
     # Memory first: the child process's peak RSS counts the parent's RSS at fork time (Linux
     # keeps ru_maxrss across exec), so the parent must not yet hold the dense reference's pages.
     memory = _memory_rows(4_000 if quick else 40_000)
@@ -195,4 +203,20 @@ def run(out_dir: Path | str, *, quick: bool = False) -> list[dict[str, Any]]:
              f"{BLOCK_ACTIONS} block-sparse actions, d = {BLOCK_DIMS}) forward and backward, "
              "the native row kernels against the compiled tiles; pairs/s = n² / seconds.")
     write_results(out_dir, "kernels", rows, columns=COLUMNS, notes=notes)
+    return rows
+
+
+def _run_gpu(out_dir: Path | str, quick: bool, device: str) -> list[dict[str, Any]]:
+    from gpscale.benchmarks import kernels_gpu
+    from gpscale.training import FitConfig
+
+    rows = kernels_gpu.gpu_rows(FitConfig(device=device).torch_device, quick=quick)
+    notes = (f"One GPU (the device column). Matérn-3/2 ARD with output scale, d = "
+             f"{kernels_gpu.NUM_DIMS}, k = {kernels_gpu.NUM_RHS}, float32, no gradient; "
+             "backward_s: the backward of (K V).square().sum() for x, V and the kernel's "
+             "hyperparameters. roofline = fp32 GEMM flop/s (TF32 off, same process) / "
+             "(2 (k + d)). max_rel_error: max |Y - Y64| / max |Y64| over the first "
+             f"{kernels_gpu.CHECK_ROWS} rows against float64. The hand-written loop: "
+             "torch.cdist on 8,192-row chunks, the Matérn profile, @ V.")
+    write_results(out_dir, "kernels", rows, columns=GPU_COLUMNS, notes=notes)
     return rows

@@ -60,7 +60,7 @@ SUITES: dict[str, Suite] = {
 
 def run_suite(name: str, out_dir: str | Path, *, quick: bool = False,
               datasets: tuple[str, ...] | None = None,
-              runs: tuple[str, ...] | None = None) -> Path:
+              runs: tuple[str, ...] | None = None, device: str | None = None) -> Path:
     """Run suite ``name`` into ``out_dir``; returns the path of its ``report.md``.
 
     ``datasets`` restricts a suite that runs on several datasets to those named; ``runs``
@@ -77,5 +77,10 @@ def run_suite(name: str, out_dir: str | Path, *, quick: bool = False,
     extra = {"datasets": datasets} if datasets else {}
     if runs:
         extra["runs"] = runs
+    if device not in (None, "cpu"):
+        if "device" not in inspect.signature(runner).parameters:
+            raise ValueError(f"suite {name!r} runs on the CPU only (--device); suites with "
+                             "--device: kernels, scale")
+        extra["device"] = device
     runner(out, quick=quick, **extra)
     return out / "report.md"

@@ -25,6 +25,7 @@ import torch
 from gpscale.data import Dataset, load_csv, load_dataset
 from gpscale.data.datasets import get_entry
 from gpscale.data.options import check_data_options
+from gpscale.devices import on_cpu_after_oom
 from gpscale.distributions import Predictive
 from gpscale.errors import NonFiniteLossError
 from gpscale.files import atomic_write
@@ -135,8 +136,10 @@ def resolve_auto(spec: RunSpec, data: Dataset) -> RunSpec:
     ``data`` (its reason logged on ``gpscale.fit``); any other spec unchanged."""
     if spec.method != AUTO:
         return spec
+    device = FitConfig(device=spec.device or "cpu").torch_device
     choice, options = auto.pick(data.task, data.num_train, data.num_dims,
-                                num_classes=data.num_classes, options=spec.options)
+                                num_classes=data.num_classes, options=spec.options,
+                                device=device)
     return replace(spec, method=choice.method, options=options)
 
 
@@ -182,7 +185,9 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
     budget = f"{config.epochs} epochs"
     if config.max_time is not None:
         budget += f" or {config.max_time:g} s"
-    batch = "full batch" if config.batch_size is None else f"batches of {config.batch_size}"
+    batch = "full batch" if config.batch_size is None else f"batches of {config.batch_size:,}"
+    if config.batch_size is not None and config.torch_device.type == "cuda":
+        batch += f" sized for {config.torch_device} (--batch-size)"
     floor = config.lr * config.lr_end_factor
     rule = {"plateau": f"lr {config.lr:g} lowered x{config.plateau_factor:g} on each loss "
                        f"plateau, stopping when converged (lr below {floor:g})",
@@ -198,14 +203,24 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
 
 
 def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,
-                 x_test: torch.Tensor, state: Any = None) -> Predictive:
+                 x_test: torch.Tensor, state: Any = None, *,
+                 cpu_fallback: bool = True) -> Predictive:
     """Condition on the training data (unless ``state`` is given) and predict at ``x_test``
-    without gradients, on the model's device; the predictive comes back on the CPU."""
-    device = module_device(model)
-    with torch.no_grad():
-        if state is None:
-            state = model.posterior(x.to(device), y.to(device))
-        return model.predict(state, x_test.to(device)).to("cpu")
+    without gradients, on the model's device; the predictive comes back on the CPU. Where a GPU
+    runs out of memory, the model moves to the CPU and conditions and predicts there
+    (:func:`~gpscale.devices.on_cpu_after_oom`) unless not ``cpu_fallback`` (an
+    evaluation during training, whose optimiser stays on the GPU)."""
+    on = module_device(model)
+
+    def compute(device: torch.device) -> Predictive:
+        with torch.no_grad():
+            given = state if device == on else None  # a state on the GPU stays there
+            conditioned = model.posterior(x.to(device), y.to(device)) if given is None else given
+            return model.predict(conditioned, x_test.to(device)).to("cpu")
+
+    if not cpu_fallback:
+        return compute(on)
+    return on_cpu_after_oom(compute, model, "predicting the test points")
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -220,8 +235,8 @@ def run(spec: RunSpec) -> RunResult:
     x_test = data.x_test.to(dtype)
     callbacks = []
     if spec.eval_every:
-        callbacks.append(Evaluate(lambda m: predict_test(m, x, y, x_test), data.y_test,
-                                  every=spec.eval_every))
+        callbacks.append(Evaluate(lambda m: predict_test(m, x, y, x_test, cpu_fallback=False),
+                                  data.y_test, every=spec.eval_every))
     try:
         trained = train_method(spec.method, (x, y), task=data.task,
                                num_classes=data.num_classes, options=spec.options,
@@ -232,7 +247,9 @@ def run(spec: RunSpec) -> RunResult:
     model, history = trained.model, trained.history
     setup_time = trained.setup_time  # e.g. IterNCGP's SVGP hyperparameter pre-fit
     tic = time.perf_counter()
+    trained_on = module_device(model)
     pred = predict_test(model, x, y, x_test, trained.state)
+    state = trained.state if module_device(model) == trained_on else None  # moved to the CPU
     metrics: dict[str, Any] = {
         "method": spec.method, "dataset": data.name, "n_train": data.num_train,
         "n_test": data.num_test, "num_dims": data.num_dims, **pred.metrics(data.y_test),
@@ -242,7 +259,7 @@ def run(spec: RunSpec) -> RunResult:
         "noise": _noise(pred),
     }
     if spec.out is not None:
-        write_outputs(spec, metrics, history, model, data, (x, y), trained.state)
+        write_outputs(spec, metrics, history, model, data, (x, y), state)
     return RunResult(metrics, history, model, data)
 
 

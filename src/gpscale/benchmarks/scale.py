@@ -18,7 +18,8 @@ field for CaGP-Opt (its K(x*, X)S prediction holds X). Columns:
 
 ``--datasets`` picks sizes: ``n40k`` (CaGP-Opt), ``n100k``, ``n1m``, ``n2m`` (default: all four)
 and ``n100m`` (GGP only, a 3.2 GB ``.npy``; on request); ``--runs`` picks method keys.
-``--quick``: 20,000 rows, 10 s budgets.
+``--quick``: 20,000 rows, 10 s budgets. ``--device cuda`` trains and predicts on the GPU
+(``device`` names the card, ``peak_gpu_mb`` is torch's peak allocation there).
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ DEFAULT_SIZES = ("n40k", "n100k", "n1m", "n2m")
 FIELD_8D = {"num_dims": 8, "noise": 0.04, "lengthscale": 0.5}
 FIELD_3D = {"num_dims": 3, "noise": 0.01, "lengthscale": 0.2}
 PREDICT_ROWS = 1_000_000
-COLUMNS = ("size", "method", "n_train", "num_dims", "load_s", "epochs", "time_per_epoch_s",
-           "train_time_s", "stopped", "test_rmse", "noise_floor", "test_nll", "peak_fit_mb",
-           "condition_s", "predict_1m_s", "peak_predict_mb")
+COLUMNS = ("size", "method", "device", "n_train", "num_dims", "load_s", "epochs",
+           "time_per_epoch_s", "train_time_s", "stopped", "test_rmse", "noise_floor", "test_nll",
+           "peak_fit_mb", "condition_s", "predict_1m_s", "peak_predict_mb", "peak_gpu_mb")
 
 
 def _plan(sizes: tuple[str, ...]):
@@ -75,14 +76,16 @@ def _file(out: Path, rows: int, field: dict[str, Any]) -> tuple[Path, float]:
 
 
 def measure(path: str, method: str, field: dict[str, Any], *, max_time: float | None = None,
-            predict_rows: int = PREDICT_ROWS) -> dict[str, Any]:
-    """One row of the suite, in this process (call it through ``peak_memory_mb``)."""
+            predict_rows: int = PREDICT_ROWS, device: str | None = None) -> dict[str, Any]:
+    """One row of the suite, in this process (call it through ``peak_memory_mb``); with a
+    CUDA ``device`` the run trains and predicts there (``gpscale fit --device``)."""
     from gpscale.benchmarks import runner
     from gpscale.benchmarks.runner import RunSpec
     from gpscale.data.synthetic import FieldStream
 
     target = "-1" if path.endswith(".npy") else "y"  # an .npy array has no column names
-    spec = RunSpec(method=method, csv=path, target=target, progress=False, max_time=max_time)
+    spec = RunSpec(method=method, csv=path, target=target, progress=False, max_time=max_time,
+                   device=device)
     reset_peak_rss()
     start = current_rss_mb()
     tic = time.perf_counter()
@@ -92,31 +95,42 @@ def measure(path: str, method: str, field: dict[str, Any], *, max_time: float | 
     result = runner.run(spec)  # loads again: the figures below are of the run as fit runs it
     model, data, metrics = result.model, result.data, result.metrics
     peak_fit = peak_rss_mb() - start
-    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    dtype, on = next((p.dtype, p.device) for p in model.parameters() if p.is_floating_point())
     x_new = FieldStream(n=predict_rows, seed=12_345, chunk_size=predict_rows,
                         **{k: field[k] for k in ("num_dims", "noise", "lengthscale")}).chunk(0)[0]
-    x_new = data.transform.transform_x(x_new).to(dtype) if data.transform else x_new.to(dtype)
+    x_new = data.transform.transform_x(x_new) if data.transform else x_new
+    x_new = x_new.to(on, dtype)
     reset_peak_rss()
     before = current_rss_mb()
     with torch.no_grad():
         tic = time.perf_counter()
-        state = model.posterior(data.x_train.to(dtype), data.y_train.to(dtype))
+        state = model.posterior(data.x_train.to(on, dtype), data.y_train.to(on, dtype))
+        _sync(on)
         condition_s = time.perf_counter() - tic
         tic = time.perf_counter()
         pred = model.predict(state, x_new)
+        _sync(on)
         predict_s = time.perf_counter() - tic
     assert pred.mean.shape[0] == predict_rows and bool(torch.isfinite(pred.mean).all())
     return {"n_train": data.num_train, "num_dims": data.num_dims, "load_s": load_s,
             **{k: metrics.get(k) for k in ("epochs", "time_per_epoch_s", "train_time_s",
                                            "stopped", "test_rmse", "test_nll")},
             "peak_fit_mb": peak_fit, "condition_s": condition_s, "predict_1m_s": predict_s,
-            "peak_predict_mb": peak_rss_mb() - before}
+            "peak_predict_mb": peak_rss_mb() - before,
+            **({"device": torch.cuda.get_device_name(on),
+                "peak_gpu_mb": torch.cuda.max_memory_allocated(on) / 2**20}
+               if on.type == "cuda" else {})}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def run(out_dir: Path, *, quick: bool = False, datasets: tuple[str, ...] | None = None,
-        runs: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        runs: tuple[str, ...] | None = None, device: str | None = None) -> list[dict[str, Any]]:
     """Every (size, method) row of the plan (``runs``: only these method keys), each in a fresh
-    process; report into ``out_dir``."""
+    process, on ``device`` (``None``: the CPU); report into ``out_dir``."""
     out = Path(out_dir)
     sizes = tuple(datasets or (("quick",) if quick else DEFAULT_SIZES))
     unknown = set(sizes) - set(SIZES) - ({"quick"} if quick else set())
@@ -138,7 +152,8 @@ def run(out_dir: Path, *, quick: bool = False, datasets: tuple[str, ...] | None 
             try:
                 _, row = peak_memory_mb(measure, str(path), method, field,
                                          max_time=10.0 if quick else None,
-                                         predict_rows=20_000 if quick else PREDICT_ROWS)
+                                         predict_rows=20_000 if quick else PREDICT_ROWS,
+                                         device=device)
             except RuntimeError as err:  # e.g. killed for memory: a result, the suite goes on
                 row = {"stopped": f"failed: {err}"}
             rows.append({"size": size, "method": method, "noise_floor": floor, **row})

@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--runs", help="comma-separated subset of the suite's run labels, e.g. "
                        "SoftKI-512,SVGP-512 (suites with labelled runs: softki; "
                        "iterncgp's MNIST runs; scale: method keys)")
+    bench.add_argument("--device", help="cuda or cuda:N: measure on that GPU (suites kernels "
+                       "and scale; default the CPU)")
 
     ds = add("datasets", help="list datasets, or download one")
     ds_sub = ds.add_subparsers(dest="action")
@@ -332,7 +334,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     # Suites run for minutes to hours: say which run starts when, even without --verbose.
     logging.getLogger("gpscale.benchmarks").setLevel(logging.INFO)
     report = run_suite(args.suite, args.out or f"runs/bench-{args.suite}", quick=args.quick,
-                       datasets=datasets, runs=runs)
+                       datasets=datasets, runs=runs, device=args.device)
     print(report.read_text())
     return 0
 
@@ -428,6 +430,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FloatingPointError as err:  # NonFiniteLossError
         print(f"gpscale {args.command}: training stopped: {err}", file=sys.stderr)
         return 3
+    except (MemoryError, torch.cuda.OutOfMemoryError) as err:  # DeviceMemoryError, or torch's
+        from gpscale.devices import out_of_memory
+        from gpscale.errors import DeviceMemoryError
+
+        if not isinstance(err, DeviceMemoryError):
+            err = out_of_memory(err, f"gpscale {args.command}", None)
+        print(f"gpscale {args.command}: error: {err}", file=sys.stderr)
+        return 4
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from gpscale.methods.registry import get_spec
 __all__ = ["AUTO", "RULES", "Choice", "choose_method", "candidates", "check_options",
            "resolve_options", "pick",
            "available_memory", "EXACT_MAX_N",
-           "GRID_MAX_DIMS", "CAGP_MAX_N", "ITERNCGP_MAX_NC"]
+           "GRID_MAX_DIMS", "CAGP_MAX_N", "CAGP_MAX_N_GPU", "ITERNCGP_MAX_NC"]
 
 log = logging.getLogger("gpscale.fit")
 
@@ -70,12 +70,23 @@ ITERNCGP_MAX_NC = 200_000
 """Largest n·C (latent function values) for IterNCGP; SVGP beyond."""
 EXACT_MEMORY_COPIES = 4
 """Dense n×n float64 arrays the exact GP holds at once (K, its factor, gradients)."""
+GPU_EXACT_MEMORY_FRACTION = 0.8
+"""On a GPU ``auto`` takes the exact GP while its matrices need at most this fraction of the
+free memory (the rest for the caching allocator's fragments and the kernel's row blocks)."""
+CAGP_MAX_N_GPU = 200_000
+"""Largest n for CaGP-Opt on a GPU. Its epoch costs O(n²·i) kernel entries, and on one H100 an
+epoch is 20–50× cheaper than on the 2-core CPU (issue #43: Protein, 0.21 s against 5 s):
+at 4× the CPU's :data:`CAGP_MAX_N` an epoch costs 16× the work, so the GPU fits at least as
+many epochs in the budget as the CPU does at its boundary. Not yet measured on a card."""
 
 RULES: tuple[tuple[str, str, str], ...] = (
-    ("regression", f"n ≤ {EXACT_MAX_N:,} and n×n fits in memory", "exact"),
+    ("regression", f"n ≤ {EXACT_MAX_N:,} and n×n fits in memory (on a GPU: any n whose "
+                   "matrices fit in its free memory)", "exact"),
     ("regression", f"d ≤ {GRID_MAX_DIMS}", "ggp"),
-    ("regression", f"d > {GRID_MAX_DIMS}, n ≤ {CAGP_MAX_N:,}", "cagp-opt"),
-    ("regression", f"d > {GRID_MAX_DIMS}, n > {CAGP_MAX_N:,}", "solvegp"),
+    ("regression", f"d > {GRID_MAX_DIMS}, n ≤ {CAGP_MAX_N:,} ({CAGP_MAX_N_GPU:,} on a GPU)",
+     "cagp-opt"),
+    ("regression", f"d > {GRID_MAX_DIMS}, n > {CAGP_MAX_N:,} ({CAGP_MAX_N_GPU:,} on a GPU)",
+     "solvegp"),
     ("classification", f"n·C ≤ {ITERNCGP_MAX_NC:,} (C = 1 when binary)", "iterncgp"),
     ("classification", f"n·C > {ITERNCGP_MAX_NC:,}", "svgp"),
     ("counts", "any", "iterncgp"),
@@ -100,14 +111,20 @@ def available_memory() -> int | None:
 
 
 def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
-                  memory: int | None = None) -> Choice:
+                  memory: int | None = None, device: Any = None) -> Choice:
     """The method ``"auto"`` stands for on ``n`` points with ``d`` inputs (module table).
+
+    On a GPU (``device`` a CUDA ``torch.device``) regression takes the exact GP as far as its
+    n × n matrices fit in the card's free memory (its Cholesky is seconds there, whatever n
+    fits), and CaGP-Opt up to :data:`CAGP_MAX_N_GPU` points.
 
     Args:
         task: ``"regression"``, ``"classification"`` or ``"counts"``.
         n, d: training points and input dimensions.
         num_classes: classes of a classification task (2 when not given).
-        memory: bytes available; ``None`` reads the machine's (:func:`available_memory`).
+        memory: bytes available; ``None`` reads the device's (the GPU's free memory, else
+            :func:`available_memory`).
+        device: where the method will train (``None``: the CPU).
     """
     if n < 1 or d < 1:
         raise ValueError(f"method 'auto' needs data: got n={n}, d={d}")
@@ -125,6 +142,9 @@ def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
                               "inference)")
     if task != "regression":
         raise ValueError(f"unknown task {task!r}; expected regression, classification or counts")
+    gpu = device is not None and getattr(device, "type", None) == "cuda"
+    if gpu:
+        return _choose_on_gpu(n, d, memory, device)
     memory = available_memory() if memory is None else memory
     dense_bytes = EXACT_MEMORY_COPIES * 8 * n * n
     fits = memory is None or dense_bytes <= memory // 2
@@ -134,19 +154,41 @@ def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
         why = f"n = {n:,} but {dense_bytes / 2**30:.1f} GiB of dense matrices do not fit; "
     else:
         why = f"n = {n:,} > {EXACT_MAX_N:,} (exact is O(n³)); "
+    return _beyond_exact(why, n, d, CAGP_MAX_N)
+
+
+def _choose_on_gpu(n: int, d: int, memory: int | None, device: Any) -> Choice:
+    """Regression on a GPU: exact while its float64 matrices fit, then as on the CPU with
+    CaGP-Opt's bound :data:`CAGP_MAX_N_GPU`."""
+    from gpscale.devices import DENSE_COPIES, device_memory
+
+    if memory is None:
+        free = device_memory(device)
+        memory = None if free is None else free[0]
+    dense_bytes = DENSE_COPIES["exact"] * 8 * n * n
+    if memory is None or dense_bytes <= GPU_EXACT_MEMORY_FRACTION * memory:
+        return Choice("exact", f"n = {n:,} on {device}: the exact GP's {dense_bytes / 2**30:.1f} "
+                               "GiB of float64 matrices fit in the GPU's free memory")
+    why = (f"n = {n:,} on {device}: the exact GP's {dense_bytes / 2**30:.1f} GiB of matrices "
+           f"exceed the GPU's {memory / 2**30:.1f} GiB free; ")
+    return _beyond_exact(why, n, d, CAGP_MAX_N_GPU)
+
+
+def _beyond_exact(why: str, n: int, d: int, cagp_max_n: int) -> Choice:
+    """Regression where the exact GP does not fit: grid, CaGP-Opt or SOLVE-GP."""
     if d <= GRID_MAX_DIMS:
         return Choice("ggp", why + f"d = {d} ≤ {GRID_MAX_DIMS}: ggp (grid interpolation, "
                                    "solver cost independent of n)")
-    if n <= CAGP_MAX_N:
+    if n <= cagp_max_n:
         slower = ("" if n <= AUTO_PREFIT_MIN_POINTS else "; it uses its whole time budget after "
                   "an exact-GP pre-fit, --method solvegp converges sooner")
-        return Choice("cagp-opt", why + f"d = {d} > {GRID_MAX_DIMS} and n ≤ {CAGP_MAX_N:,}: "
+        return Choice("cagp-opt", why + f"d = {d} > {GRID_MAX_DIMS} and n ≤ {cagp_max_n:,}: "
                                         "cagp-opt (computation-aware, most accurate at this "
                                         f"size{slower})")
     # Not softki yet: with ARD-scaled softmax distances (session 25) it leads SVGP-512 on the
     # five UCI sets of its suite and learns relevant32, but its defaults have not been through
     # the full `bench defaults` suite against SOLVE-GP's.
-    return Choice("solvegp", why + f"d = {d} > {GRID_MAX_DIMS} and n > {CAGP_MAX_N:,}: solvegp "
+    return Choice("solvegp", why + f"d = {d} > {GRID_MAX_DIMS} and n > {cagp_max_n:,}: solvegp "
                                    "(minibatch, two inducing sets)")
 
 
@@ -190,10 +232,11 @@ def resolve_options(choice: Choice, options: Mapping[str, Any]) -> dict[str, Any
 
 
 def pick(task: str, n: int, d: int, *, num_classes: int | None,
-         options: Mapping[str, Any]) -> tuple[Choice, dict[str, Any]]:
+         options: Mapping[str, Any], device: Any = None) -> tuple[Choice, dict[str, Any]]:
     """What ``gpscale fit`` and the estimators do for ``"auto"``: check ``options``, choose
-    the method, log its reason on ``gpscale.fit`` and type the options for it."""
+    the method for ``device`` (``None``: the CPU), log its reason on ``gpscale.fit`` and type
+    the options for it."""
     check_options(task, options)
-    choice = choose_method(task, n, d, num_classes=num_classes)
+    choice = choose_method(task, n, d, num_classes=num_classes, device=device)
     log.info("method auto: %s", choice.reason)
     return choice, resolve_options(choice, options)

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from gpscale.devices import minibatch_size
+
 __all__ = ["FitConfig", "OPTIMIZERS", "SCHEDULERS", "DTYPES", "METHOD_DEFAULTS", "PAPER_DEFAULTS",
            "PRESETS", "DEFAULT_BUDGET_S",
            "default_fit_config", "resolve_fit_config"]
@@ -253,12 +255,17 @@ def resolve_fit_config(method: str | FitConfig, num_train: int, *, preset: str =
     ``None``-valued overrides keep the default; an unknown key is a ``ValueError`` listing the
     valid ones. An ``epochs`` given without ``max_time`` drops the default time budget (the
     user asked for that many epochs; a plateau may still end the run). A batch size at least
-    ``num_train`` becomes full-batch training.
+    ``num_train`` becomes full-batch training. A minibatch method's default batch on a GPU is
+    :func:`gpscale.devices.minibatch_size` (a larger one that keeps the card busy).
     """
     base = method if isinstance(method, FitConfig) else default_fit_config(method, preset)
     if overrides.get("epochs") is not None and overrides.get("max_time") is None:
         base = replace(base, max_time=None)
     config = base.updated(**overrides)
+    if overrides.get("batch_size") is None and config.batch_size is not None:
+        # the method's minibatch, sized for a GPU (gpscale.devices)
+        config = replace(config, batch_size=minibatch_size(config.batch_size,
+                                                           config.torch_device, num_train))
     if config.batch_size is not None and config.batch_size >= num_train:
         config = replace(config, batch_size=None)
     return config

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from gpscale.devices import OOM_ERRORS, out_of_memory
 from gpscale.errors import NonFiniteLossError, NumericalError
 from gpscale.training.checkpoint import (
     announce_resume,
@@ -142,8 +143,15 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             run.deadline = (None if config.max_time is None or parallel is not None
                             else tic + config.max_time - clock)
             fallback = restore_point or (good, good_optimizer)
-            loss, err, restarted = _epoch_with_back_off(model, loss_fn, x, y, config, run,
-                                                        parallel, epoch, fallback)
+            try:
+                loss, err, restarted = _epoch_with_back_off(model, loss_fn, x, y, config, run,
+                                                            parallel, epoch, fallback)
+            except OOM_ERRORS as oom:  # one line, the last good state and checkpoint kept
+                model.load_state_dict(good)
+                history.stopped = "out-of-memory"
+                kept = f"the model keeps the parameters of epoch {epoch - 1}" + (
+                    f" and the last checkpoint is {ckpt}" if ckpt and ckpt.exists() else "")
+                raise out_of_memory(oom, f"epoch {epoch}", x.device, kept) from None
             if config.scheduler == "plateau":  # where this epoch (finally) started from
                 restore_point = fallback if restarted else (good, good_optimizer)
             if err is not None:  # e.g. a Cholesky that failed for these parameters

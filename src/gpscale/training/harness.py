@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gpscale.devices import check_dense_fits, on_cpu_after_oom
 from gpscale.methods.base import Method
 from gpscale.methods.registry import build
 from gpscale.training.config import FitConfig
@@ -79,7 +80,8 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
             return model
 
         model = built(filled)
-        if model.max_start_lr is not None and not start_resolvable(method, model, x, y):
+        if model.max_start_lr is not None and not start_resolvable(
+                method, model, x.to(device), y.to(device)):  # the model is on the device
             model = built(options)  # the default start, at the default lr
         return model, time.perf_counter() - tic
 
@@ -114,9 +116,13 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
                 history.rows[-1].update(changed)
             state = None
     if state is None and condition:
-        with torch.no_grad():
-            model.eval()
-            state = model.posterior(x, y)
+        model.eval()
+
+        def posterior(device: torch.device):
+            with torch.no_grad():
+                return model.posterior(x.to(device), y.to(device))
+
+        state = on_cpu_after_oom(posterior, model, "conditioning the trained model")
     return history, state
 
 
@@ -131,6 +137,7 @@ def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
     """
     train = cast(train, config, task)
     device = config.torch_device
+    check_dense_fits(method, train[0].shape[0], config.torch_dtype, device)
     with torch.random.fork_rng():  # one seeded stream for initialisation and training
         torch.manual_seed(seed)
         model, setup_time = build_method(method, train, task=task, num_classes=num_classes,

@@ -20,8 +20,9 @@ class History:
 
     ``stopped`` is one of ``"epochs"`` (budget reached), ``"time"`` (wall-clock budget),
     ``"converged"`` (the loss stopped improving, see ``training.schedules``), ``"non-finite"``
-    (the loss became NaN/inf), ``"numerical-error"``, ``"conditioned"`` (nothing to train),
-    ``"interrupted"`` (Ctrl-C under ``training.interrupt.graceful_interrupt``) or ``"running"``.
+    (the loss became NaN/inf), ``"numerical-error"``, ``"out-of-memory"``, ``"conditioned"``
+    (nothing to train), ``"interrupted"`` (Ctrl-C under
+    ``training.interrupt.graceful_interrupt``) or ``"running"``.
     """
 
     rows: list[dict[str, Any]] = field(default_factory=list)

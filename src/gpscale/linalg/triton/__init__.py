@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["available", "stationary_product", "tiles"]
+__all__ = ["available", "block_sparse_product", "stationary_product", "tiles"]
 
 MAX_K_PER_PROGRAM = 64
 """Right-hand sides per program of the forward and of ``V``'s gradient."""
@@ -187,3 +187,12 @@ def stationary_product(profile: str, z1: Tensor, z2: Tensor, v: Tensor,
         raise ValueError(f"stationary_product needs z1 (B, n1, d), z2 (B, n2, d), v (B, n2, k); "
                          f"got {tuple(z1.shape)}, {tuple(z2.shape)}, {tuple(v.shape)}")
     return _StationaryProduct.apply(profile, z1, z2, v, exact)
+
+
+def block_sparse_product(profile: str, z1: Tensor, z2: Tensor, values: Tensor, layout,
+                         exact: int = 0) -> Tensor:
+    """CaGP-Opt's block-sparse product
+    (:func:`gpscale.linalg.triton.sparse.block_sparse_product`)."""
+    from gpscale.linalg.triton.sparse import block_sparse_product as product
+
+    return product(profile, z1, z2, values, layout, exact)

@@ -126,6 +126,23 @@ def forward(Z1, Z2, V, OUT, n1, n2, k, s_z1b, s_z1n, s_z2b, s_z2n, s_vb, s_vn, s
 
 
 @triton.jit
+def _hz_step(H, Z2, rn, n2, s_z2n, rf, DIM: tl.constexpr, PRECISION: tl.constexpr):
+    """H (BM, BN) times the tile of all DIM input columns of Z2's rows ``rn``."""
+    z2 = tl.load(Z2 + rn[:, None] * s_z2n + rf[None, :],
+                 mask=(rn[:, None] < n2) & (rf[None, :] < DIM), other=0.0)
+    return tl.dot(H.to(z2.dtype), z2, input_precision=PRECISION)
+
+
+@triton.jit
+def _store_input_grad(GZ, Z, rm, n1, s_zn_in, s_zn_out, rf, rowsum, hz, DIM: tl.constexpr):
+    """GZ[rm] = 2 (diag(rowsum) Z[rm] − hz) over the DIM input columns."""
+    z = tl.load(Z + rm[:, None] * s_zn_in + rf[None, :],
+                mask=(rm[:, None] < n1) & (rf[None, :] < DIM), other=0.0)
+    tl.store(GZ + rm[:, None] * s_zn_out + rf[None, :], 2.0 * (rowsum[:, None] * z - hz),
+             mask=(rm[:, None] < n1) & (rf[None, :] < DIM))
+
+
+@triton.jit
 def _grad_v(GOUT, V, rm, rn, n1, n2, k, s_gn, s_vn, BM: tl.constexpr, BN: tl.constexpr,
             BK: tl.constexpr, PRECISION: tl.constexpr):
     """G = Ȳ[rm] V[rn]ᵀ (BM, BN), over all of k in slices of BK."""
@@ -162,14 +179,8 @@ def backward_rows(Z1, Z2, V, GOUT, GZ1, n1, n2, k, s_z1b, s_z1n, s_z2b, s_z2n, s
         G = _grad_v(GOUT, V, rm, rn, n1, n2, k, s_gn, s_vn, BM, BN, BK, PRECISION)
         H = tl.where(rn[None, :] < n2, G * dphi, 0.0)
         rowsum += tl.sum(H, axis=1)
-        z2 = tl.load(Z2 + rn[:, None] * s_z2n + rf[None, :],
-                     mask=(rn[:, None] < n2) & (rf[None, :] < DDOT + EXACT), other=0.0)
-        hz += tl.dot(H.to(z2.dtype), z2, input_precision=PRECISION)
-    z1f = tl.load(Z1 + rm[:, None] * s_z1n + rf[None, :],
-                  mask=(rm[:, None] < n1) & (rf[None, :] < DDOT + EXACT), other=0.0)
-    grad = 2.0 * (rowsum[:, None] * z1f - hz)
-    tl.store(GZ1 + b * s_zb + rm[:, None] * s_zn + rf[None, :], grad,
-             mask=(rm[:, None] < n1) & (rf[None, :] < DDOT + EXACT))
+        hz += _hz_step(H, Z2, rn, n2, s_z2n, rf, DDOT + EXACT, PRECISION)
+    _store_input_grad(GZ1 + b * s_zb, Z1, rm, n1, s_z1n, s_zn, rf, rowsum, hz, DDOT + EXACT)
 
 
 @triton.jit
@@ -206,15 +217,10 @@ def backward_cols(Z1, Z2, V, GOUT, GZ2, GV, n1, n2, k, s_z1b, s_z1n, s_z2b, s_z2
                                   PRECISION))
             Ht = tl.where(rm[None, :] < n1, Gt * dphi, 0.0)  # (BN, BM)
             colsum += tl.sum(Ht, axis=1)
-            z1 = tl.load(Z1 + rm[:, None] * s_z1n + rf[None, :],
-                         mask=(rm[:, None] < n1) & (rf[None, :] < DDOT + EXACT), other=0.0)
-            hz += tl.dot(Ht.to(z1.dtype), z1, input_precision=PRECISION)
+            hz += _hz_step(Ht, Z1, rm, n1, s_z1n, rf, DDOT + EXACT, PRECISION)
     if NEED_Z:
-        z2f = tl.load(Z2 + rn[:, None] * s_z2n + rf[None, :],
-                      mask=(rn[:, None] < n2) & (rf[None, :] < DDOT + EXACT), other=0.0)
-        tl.store(GZ2 + b * s_zb + rn[:, None] * s_zn + rf[None, :],
-                 2.0 * (colsum[:, None] * z2f - hz),
-                 mask=(rn[:, None] < n2) & (rf[None, :] < DDOT + EXACT))
+        _store_input_grad(GZ2 + b * s_zb, Z2, rn, n2, s_z2n, s_zn, rf, colsum, hz,
+                          DDOT + EXACT)
     if NEED_V:
         tl.store(GV + b * s_gvb + rn[:, None] * s_gvn + rkp[None, :], gv,
                  mask=(rn[:, None] < n2) & (rkp[None, :] < k))

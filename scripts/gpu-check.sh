@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The prepared GPU checks of issue #43, for a session lent a GPU machine (device tool `run`).
+# Run from the repository root there, with the pykeops wheels carried in .whl (see below):
+#
+#   bash scripts/gpu-check.sh kernels   # bench kernels --device cuda: roofline, KeOps, loop (~3 min)
+#   bash scripts/gpu-check.sh tests     # pytest -m gpu: Triton on the card, every key via fit (~5 min)
+#   bash scripts/gpu-check.sh fits      # 2e6-row file -> svgp / solvegp / softki, 60 s each (~5 min)
+#
+# Each step writes into $OUT (the device tool brings it back) or runs/gpu-check. The wheels:
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps -d .whl pykeops==2.3 keopscore==2.3   # sdists, then
+#   .venv/bin/python -m pip wheel --no-deps .whl/*.tar.gz -w .whl && rm .whl/*.tar.gz
+# and `carry: [".whl"]` in the run call. The machine's python3 has torch, triton, gpytorch.
+set -uo pipefail
+step=${1:?usage: gpu-check.sh kernels|tests|fits}
+out=${OUT:-runs/gpu-check}
+mkdir -p "$out"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/card.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+    | tee -a "$out/card.txt"
+case $step in
+kernels)
+    python3 -m gpscale bench kernels --device cuda --out "$out/kernels" 2>&1 | tee "$out/kernels.log"
+    ;;
+tests)
+    python3 -m pytest -q -p no:cacheprovider tests/linalg/test_triton.py \
+        tests/test_devices.py 2>&1 | tee "$out/tests.log"
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_cli_paths.py \
+        tests/test_cuda_methods.py 2>&1 | tee -a "$out/tests.log"
+    ;;
+fits)
+    data=/tmp/field8d-2000000.parquet
+    python3 -m gpscale datasets synthesize --out "$data" --rows 2000000 --dims 8 \
+        2>&1 | tee "$out/fits.log"
+    for key in svgp solvegp softki; do
+        python3 -m gpscale fit --data "$data" --target y --method "$key" --device cuda \
+            --max-time 60 --out "/tmp/fit-$key" --no-progress -v 2>&1 | tail -n 25 \
+            | tee -a "$out/fits.log"
+        cp "/tmp/fit-$key/metrics.json" "$out/metrics-$key.json"
+    done
+    ;;
+*)
+    echo "unknown step $step (kernels, tests or fits)"; exit 2
+    ;;
+esac

@@ -1,0 +1,197 @@
+"""``gpscale bench kernels --device cuda``: the kernel product on a GPU (issue #43).
+
+K(X, X) V for a Matérn-3/2 ARD kernel with output scale, n = 200,000, d = 8, k = 64, float32,
+on one GPU, per backend of ``kernel_matmul`` that runs there ('triton', 'compiled', 'keops'
+where pykeops is installed, 'eager'), next to a hand-written loop: ``torch.cdist`` on row
+chunks of 8,192, the Matérn profile and ``@ V``, what a user writes without this library.
+
+Each row names the card. Columns:
+
+- ``seconds``: the forward without gradients, best of 3 after a warm-up (which compiles), timed
+  between ``torch.cuda.synchronize()`` calls; ``backward_s`` the backward of
+  ``(K V).square().sum()`` for x, V, the lengthscales and the output scale (best of 3).
+- ``fraction_of_roofline``: entries per second against GEMM / (2 (k + d)), GEMM the card's
+  fp32 rate measured in the same process with TF32 off (the kernel needs IEEE fp32 products
+  for GP solves, so TF32's rate is not the bar).
+- ``max_rel_error``: max |Y − Y₆₄| / max |Y₆₄| over the first 2,048 rows, Y₆₄ the product in
+  float64 (the 'fused' tiles on float64 inputs).
+
+Block-sparse rows: CaGP-Opt's training product K S at Protein's size (n = 41,157, d = 9,
+i = 512 block-sparse actions, float32), forward and backward, the Triton kernels against the
+compiled PyTorch tiles.
+
+``quick=True``: n = 20,000 (block-sparse: 4,000).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gpscale.devices import OOM_ERRORS
+from gpscale.kernels import kernel_matmul, make_kernel
+from gpscale.linalg import triton as triton_kernels
+
+__all__ = ["block_sparse_rows", "gpu_rows", "handwritten_loop"]
+
+log = logging.getLogger(__name__)
+
+NUM_DIMS, NUM_RHS, N, QUICK_N, CHECK_ROWS = 8, 64, 200_000, 20_000, 2_048
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
+    """Best wall time of ``fn`` over ``repeats`` runs after one warm-up, synchronised."""
+    fn()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def gemm_tflops(device: torch.device, size: int = 8192) -> float:
+    """The card's fp32 GEMM rate with TF32 off, TFLOP/s."""
+    g = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(size, size, generator=g, device=device, dtype=torch.float32)
+            for _ in range(2))
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return 2 * size**3 / _seconds(lambda: a @ b, device) / 1e12
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def handwritten_loop(lengthscale: torch.Tensor, outputscale: torch.Tensor, x: torch.Tensor,
+                     v: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """K V as a user writes it without this library: cdist on row chunks, Matérn-3/2, ``@ V``."""
+    z = x / lengthscale
+    out = []
+    for start in range(0, z.shape[0], chunk):
+        r = 3**0.5 * torch.cdist(z[start:start + chunk], z)
+        out.append(((1 + r) * torch.exp(-r)) @ v)
+    return outputscale * torch.cat(out)
+
+
+def _problem(n: int, device: torch.device):
+    g = torch.Generator().manual_seed(0)
+    kernel = make_kernel("matern32", NUM_DIMS)
+    kernel.base_kernel.lengthscale = 0.5 + torch.rand(1, NUM_DIMS, generator=g,
+                                                      dtype=torch.float64)
+    kernel.outputscale = 1.3
+    x = torch.randn(n, NUM_DIMS, generator=g, dtype=torch.float64)
+    v = torch.randn(n, NUM_RHS, generator=g, dtype=torch.float64)
+    return kernel.to(device), x.to(device), v.to(device)
+
+
+def gpu_rows(device: torch.device, *, quick: bool = False, n: int | None = None,
+             gemm_size: int = 8192) -> list[dict[str, Any]]:
+    """The rows of the module docstring on ``device`` (n points: :data:`N`, or
+    :data:`QUICK_N` with ``quick``; any device, so that the CPU can check the code)."""
+    n = n or (QUICK_N if quick else N)
+    kernel64, x64, v64 = _problem(n, device)
+    kernel = make_kernel("matern32", NUM_DIMS).to(device=device, dtype=torch.float32)
+    kernel.load_state_dict(kernel64.state_dict())
+    x, v = x64.float(), v64.float()
+    with torch.no_grad():
+        reference = kernel_matmul(kernel64, x64[:CHECK_ROWS], x64, v64, backend="fused")
+    products: dict[str, Callable[..., torch.Tensor]] = {
+        name: (lambda a, b, name=name: kernel_matmul(kernel, a, a, b, backend=name))
+        for name in ("triton", "compiled", "keops", "eager")
+        if (name != "triton" or triton_kernels.available(x))
+        and (name != "keops" or importlib.util.find_spec("pykeops") is not None)}
+    products["hand-written loop (cdist)"] = lambda a, b: handwritten_loop(
+        kernel.base_kernel.lengthscale, kernel.outputscale, a, b)
+    tflops = gemm_tflops(device, gemm_size)
+    roofline = tflops * 1e12 / (2 * (NUM_RHS + NUM_DIMS))
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    rows = []
+    for name, product in products.items():
+        log.info("kernels (%s): %s at n=%d", card, name, n)
+        row = {"measure": "throughput", "backend": name, "device": card, "n": n,
+               "gemm_gflops": tflops * 1e3, "roofline_entries_per_s": roofline}
+        rows.append(row)
+        try:
+            with torch.no_grad():
+                seconds = _seconds(lambda product=product: product(x, v), device)
+                error = ((product(x, v)[:CHECK_ROWS].double() - reference).abs().max()
+                         / reference.abs().max()).item()
+        except OOM_ERRORS:
+            row["note"] = "forward: out of memory"
+            _empty_cache(device)
+            continue
+        row.update(seconds=seconds, entries_per_s=n * n / seconds,
+                   fraction_of_roofline=n * n / seconds / roofline, max_rel_error=error)
+
+        def backward(product=product):
+            a, b = x.clone().requires_grad_(), v.clone().requires_grad_()
+            out = product(a, b).square().sum()
+            _sync(device)
+            tic = time.perf_counter()
+            out.backward()
+            _sync(device)
+            return time.perf_counter() - tic
+
+        try:
+            backward()  # warm-up (compiles the backward)
+            row["backward_s"] = min(backward() for _ in range(3))
+        except OOM_ERRORS:  # autograd through the loop keeps every chunk's matrices
+            row["note"] = "backward: out of memory"
+            _empty_cache(device)
+        kernel.zero_grad(set_to_none=True)
+    block_n = n if n < QUICK_N else 4_000 if quick else 41_157  # small n: a check of the code
+    return rows + block_sparse_rows(device, n=block_n, num_blocks=min(512, block_n // 8))
+
+
+def block_sparse_rows(device: torch.device, n: int = 41_157, d: int = 9,
+                      num_blocks: int = 512) -> list[dict[str, Any]]:
+    """Forward and backward of the symmetric block-sparse product, Triton and compiled tiles
+    (best of 3 after a warm-up that compiles)."""
+    from gpscale.linalg.operators.block_sparse import BlockLayout, symmetric_kernel_product
+
+    g = torch.Generator().manual_seed(0)
+    layout = BlockLayout(n, num_blocks)
+    z = (0.7 * torch.randn(n, d, generator=g)).to(device)
+    values = torch.randn(n, generator=g).to(device)
+    products = {"compiled": lambda a, b: symmetric_kernel_product("matern32", a, b, layout,
+                                                                  compiled=True)}
+    if triton_kernels.available(z):
+        products["triton"] = lambda a, b: triton_kernels.block_sparse_product(
+            "matern32", a, a, b, layout)
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    rows = []
+    for name, product in products.items():
+        best = {"forward": float("inf"), "backward": float("inf")}
+        for run in range(4):  # the first warms up
+            a, b = z.clone().requires_grad_(), values.clone().requires_grad_()
+            _sync(device)
+            tic = time.perf_counter()
+            out = product(a, b)
+            _sync(device)
+            middle = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            _sync(device)
+            if run:
+                best = {"forward": min(best["forward"], middle - tic),
+                        "backward": min(best["backward"], time.perf_counter() - middle)}
+        rows += [{"measure": f"block-sparse {part}", "backend": name, "device": card, "n": n,
+                  "seconds": t, "entries_per_s": n * n / t} for part, t in best.items()]
+    return rows
