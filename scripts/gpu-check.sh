@@ -5,6 +5,7 @@
 #   bash scripts/gpu-check.sh kernels   # bench kernels --device cuda: roofline, KeOps, loop (~3 min)
 #   bash scripts/gpu-check.sh tests     # pytest -m gpu: Triton on the card, every key via fit (~5 min)
 #   bash scripts/gpu-check.sh fits      # 2e6-row file -> svgp / solvegp / softki, 60 s each (~5 min)
+#   bash scripts/gpu-check.sh sweep     # Triton tile shapes x {IEEE, 3xTF32} at n = 200,000 (~2 min)
 #
 # Each step writes into $OUT (the device tool brings it back) or runs/gpu-check. The wheels:
 #   echo /.whl/ >> .git/info/exclude
@@ -12,7 +13,7 @@
 #   .venv/bin/python -m pip wheel --no-deps .whl/*.tar.gz -w .whl && rm .whl/*.tar.gz
 # and `carry: [".whl"]` in the run call. The machine's python3 has torch, triton, gpytorch.
 set -uo pipefail
-step=${1:?usage: gpu-check.sh kernels|tests|fits}
+step=${1:?usage: gpu-check.sh kernels|tests|fits|sweep}
 out=${OUT:-runs/gpu-check}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -44,7 +45,17 @@ fits)
         cp "/tmp/fit-$key/metrics.json" "$out/metrics-$key.json"
     done
     ;;
+sweep)
+    python3 - <<'PY' 2>&1 | tee "$out/sweep.log"
+import json, os, torch
+from gpscale.benchmarks.kernels_gpu import sweep
+rows = sweep(torch.device("cuda"))
+for row in rows:
+    print(json.dumps(row))
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "runs/gpu-check"), "sweep.json"), "w"))
+PY
+    ;;
 *)
-    echo "unknown step $step (kernels, tests or fits)"; exit 2
+    echo "unknown step $step (kernels, tests, fits or sweep)"; exit 2
     ;;
 esac

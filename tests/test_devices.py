@@ -32,10 +32,10 @@ def test_dense_check_names_the_need_and_the_alternatives():
     dev.check_dense_fits("exact", 10_000, torch.float64, CUDA, (80 * gib, "free on cuda:0"))
     dev.check_dense_fits("svgp", 10**7, torch.float64, CUDA, (1, "free"))  # not dense: no check
     with pytest.raises(DeviceMemoryError) as info:
-        dev.check_dense_fits("exact", 41_000, torch.float64, CUDA, (60 * gib, "free on cuda:0"))
+        dev.check_dense_fits("exact", 41_000, torch.float64, CUDA, (40 * gib, "free on cuda:0"))
     message = str(info.value)
     need = dev.DENSE_COPIES["exact"] * 8 * 41_000**2 / gib
-    assert "\n" not in message and f"{need:.1f} GiB" in message and "60.0 GiB" in message
+    assert "\n" not in message and f"{need:.1f} GiB" in message and "40.0 GiB" in message
     assert "n = 41,000" in message and "cagp-opt" in message
     # float32 halves the need
     dev.check_dense_fits("exact", 41_000, torch.float32, CUDA, (need * gib / 2 + 1, "free"))

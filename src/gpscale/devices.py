@@ -44,12 +44,12 @@ GPU_BATCH_SIZE = 16_384
 MIN_STEPS_PER_EPOCH = 32
 """A GPU's default minibatch leaves at least this many optimiser steps per epoch."""
 
-DENSE_COPIES = {"exact": 5.5, "cggp": 10.5}
+DENSE_COPIES = {"exact": 3.5, "cggp": 10.5}
 """n × n matrices of the training dtype each dense baseline holds at its peak (module
-docstring, measured 2026-11-28): exact 5.2 in GPyTorch's conditioning and prediction, 3.7 in
-a loss with its backward (9.1 before the loss's kernel matrix became one autograd node that
-keeps no n × n intermediates); cggp 10.1 in a loss (GPyTorch's CG and Lanczos on the dense
-matrix), 4.0 in a prediction. Rounded up."""
+docstring, measured 2026-11-28 at n = 8,000, float64): exact 3.2 in a loss with its backward
+and 2.1 in a conditioning with a prediction (before: 9.1 and 5.2, while the loss's kernel
+matrix and the prediction went through GPyTorch's kernel and caches); cggp 10.1 in a loss
+(GPyTorch's CG and Lanczos on the dense matrix), 2.6 in a prediction. Rounded up."""
 
 OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
     {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),

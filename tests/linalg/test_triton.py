@@ -207,3 +207,27 @@ def test_kernel_block_sparse_matmul_backend(rows, generator):
                                                   [xl, vl, *kernel.parameters()])])
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_tile_and_precision_overrides_for_a_tuning_sweep(monkeypatch, generator):
+    """GPSCALE_TRITON_TILES sets the tile shape (powers of two ≥ 16) and
+    GPSCALE_TRITON_PRECISION the float32 products (ieee or tf32x3; never plain tf32); the
+    product is the same with other tiles."""
+    like = torch.zeros(1, dtype=torch.float32)
+    monkeypatch.setenv("GPSCALE_TRITON_TILES", "BM=32,BN=64")
+    assert triton_kernels.tiles(like, 5, 3)["BM"] == 32 and triton_kernels.tiles(like, 5, 3)[
+        "BN"] == 64
+    z1, z2, v = _inputs(generator, 1, 40, 70, 3, 2)
+    torch.testing.assert_close(triton_kernels.stationary_product("rbf", z1, z2, v),
+                               _dense("rbf", z1, z2, v), rtol=1e-12, atol=1e-12)
+    for bad in ("BM=24", "BK=32", "BM=8"):
+        monkeypatch.setenv("GPSCALE_TRITON_TILES", bad)
+        with pytest.raises(ValueError, match="GPSCALE_TRITON_TILES"):
+            triton_kernels.tiles(like, 5, 3)
+    monkeypatch.delenv("GPSCALE_TRITON_TILES")
+    monkeypatch.setenv("GPSCALE_TRITON_PRECISION", "tf32x3")
+    assert triton_kernels._precision(like) == "tf32x3"
+    assert triton_kernels._precision(like.double()) == "ieee"
+    monkeypatch.setenv("GPSCALE_TRITON_PRECISION", "tf32")
+    with pytest.raises(ValueError, match="too coarse"):
+        triton_kernels._precision(like)

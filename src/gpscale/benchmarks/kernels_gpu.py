@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ from gpscale.devices import OOM_ERRORS
 from gpscale.kernels import kernel_matmul, make_kernel
 from gpscale.linalg import triton as triton_kernels
 
-__all__ = ["block_sparse_rows", "gpu_rows", "handwritten_loop"]
+__all__ = ["block_sparse_rows", "gpu_rows", "handwritten_loop", "sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +103,23 @@ def _problem(n: int, device: torch.device):
     return kernel.to(device), x.to(device), v.to(device)
 
 
+def _float32_problem(n: int, device: torch.device):
+    """The float32 kernel, inputs and right-hand sides, and the float64 product of the first
+    :data:`CHECK_ROWS` rows (the accuracy reference)."""
+    kernel64, x64, v64 = _problem(n, device)
+    kernel = make_kernel("matern32", NUM_DIMS).to(device=device, dtype=torch.float32)
+    kernel.load_state_dict(kernel64.state_dict())
+    with torch.no_grad():
+        reference = kernel_matmul(kernel64, x64[:CHECK_ROWS], x64, v64, backend="fused")
+    return kernel, x64.float(), v64.float(), reference
+
+
 def gpu_rows(device: torch.device, *, quick: bool = False, n: int | None = None,
              gemm_size: int = 8192) -> list[dict[str, Any]]:
     """The rows of the module docstring on ``device`` (n points: :data:`N`, or
     :data:`QUICK_N` with ``quick``; any device, so that the CPU can check the code)."""
     n = n or (QUICK_N if quick else N)
-    kernel64, x64, v64 = _problem(n, device)
-    kernel = make_kernel("matern32", NUM_DIMS).to(device=device, dtype=torch.float32)
-    kernel.load_state_dict(kernel64.state_dict())
-    x, v = x64.float(), v64.float()
-    with torch.no_grad():
-        reference = kernel_matmul(kernel64, x64[:CHECK_ROWS], x64, v64, backend="fused")
+    kernel, x, v, reference = _float32_problem(n, device)
     products: dict[str, Callable[..., torch.Tensor]] = {
         name: (lambda a, b, name=name: kernel_matmul(kernel, a, a, b, backend=name))
         for name in ("triton", "compiled", "keops", "eager")
@@ -194,4 +201,57 @@ def block_sparse_rows(device: torch.device, n: int = 41_157, d: int = 9,
                         "backward": min(best["backward"], time.perf_counter() - middle)}
         rows += [{"measure": f"block-sparse {part}", "backend": name, "device": card, "n": n,
                   "seconds": t, "entries_per_s": n * n / t} for part, t in best.items()]
+    return rows
+
+
+def _backward_seconds(kernel, x: torch.Tensor, v: torch.Tensor, device: torch.device) -> float:
+    a = x.clone().requires_grad_()
+    loss = kernel_matmul(kernel, a, a, v, backend="triton").square().sum()
+    _sync(device)
+    tic = time.perf_counter()
+    loss.backward()
+    _sync(device)
+    return time.perf_counter() - tic
+
+
+SWEEP_TILES = ("BM=64,BN=32", "BM=128,BN=32", "BM=128,BN=64", "BM=64,BN=64", "BM=256,BN=32")
+
+
+def sweep(device: torch.device, n: int = N) -> list[dict[str, Any]]:
+    """The Triton forward and backward at ``n`` for each tile shape of :data:`SWEEP_TILES` and
+    both float32 precisions (IEEE, 3xTF32): fraction of the roofline and accuracy, for tuning
+    :func:`gpscale.linalg.triton.tiles` on a lent GPU (``scripts/gpu-check.sh sweep``)."""
+    import os
+
+    kernel, x, v, reference = _float32_problem(n, device)
+    roofline = gemm_tflops(device) * 1e12 / (2 * (NUM_RHS + NUM_DIMS))
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a failed shape is in its row
+        for precision in ("ieee", "tf32x3"):
+            for tiles in SWEEP_TILES:
+                os.environ["GPSCALE_TRITON_TILES"] = tiles
+                os.environ["GPSCALE_TRITON_PRECISION"] = precision
+                row = {"tiles": tiles, "precision": precision, "n": n}
+                try:
+                    with torch.no_grad():
+                        seconds = _seconds(lambda: kernel_matmul(kernel, x, x, v, backend="triton"),
+                                           device)
+                        out = kernel_matmul(kernel, x, x, v, backend="triton")[:CHECK_ROWS]
+                    row.update(seconds=seconds, fraction_of_roofline=n * n / seconds / roofline,
+                               backward_s=min(_backward_seconds(kernel, x, v, device)
+                                              for _ in range(2)),  # the first compiles
+                               max_rel_error=((out.double() - reference).abs().max()
+                                              / reference.abs().max()).item())
+                except Exception as err:  # noqa: BLE001 - a shape that does not compile is a row
+                    row["note"] = f"{type(err).__name__}: {str(err)[:120]}"
+                finally:
+                    os.environ.pop("GPSCALE_TRITON_TILES", None)
+                    os.environ.pop("GPSCALE_TRITON_PRECISION", None)
+                if triton_kernels._FAILED:  # the launch failed and the tiles ran: not this shape's
+                    row = {**{k: row[k] for k in ("tiles", "precision", "n")},
+                           "note": f"launch failed: {triton_kernels._FAILED[0]}"}
+                    triton_kernels._FAILED.clear()
+                log.info("sweep %s", row)
+                rows.append(row)
     return rows

@@ -10,6 +10,7 @@ bound.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import warnings
 from collections.abc import Callable
@@ -28,6 +29,7 @@ __all__ = [
     "gram",
     "psd_sqrt",
     "rademacher",
+    "cholesky_in_place",
     "safe_cholesky",
     "upcast",
 ]
@@ -37,6 +39,15 @@ Matmul = Callable[[Tensor], Tensor]
 JITTER_START = {torch.float64: 1e-8, torch.float32: 1e-6, torch.float16: 1e-3,
                 torch.bfloat16: 1e-2}
 """First jitter of :func:`safe_cholesky`, relative to the mean diagonal, per dtype."""
+
+QUIET_JITTER = 10.0
+"""A jitter of at most this many times :data:`JITTER_START` (relative to the mean diagonal:
+1e-7 in float64, 1e-5 in float32) is the matrix's own rounding made explicit and changes no
+result a user can see: :func:`safe_cholesky` logs it at debug level (logger
+``gpscale.linalg``). A larger one is a ``RuntimeWarning`` (issue #44: a newcomer's ``make demo``
+printed five warnings about SoftKI's 1e-8 jitters)."""
+
+log = logging.getLogger("gpscale.linalg")
 
 
 @functools.singledispatch
@@ -140,7 +151,8 @@ def safe_cholesky(A: Float[Tensor, "*b n n"], *, jitter: float | None = None, ma
         L (..., n, n), lower triangular with ``L Lᵀ = A + j I`` (j = 0 when no jitter was needed).
 
     Warns:
-        RuntimeWarning: naming the jitter that was added.
+        RuntimeWarning: naming the jitter that was added, where it is larger than
+        :data:`QUIET_JITTER` first jitters (smaller ones are logged at debug level).
 
     Raises:
         NumericalError: naming ``name``, the shape, dtype and last jitter, past ``max_tries``
@@ -162,15 +174,69 @@ def safe_cholesky(A: Float[Tensor, "*b n n"], *, jitter: float | None = None, ma
         if not bool((info > 0).any()):
             # The jitter is given to its order of magnitude so that a factorisation repeated
             # every step warns once (Python shows a warning text once per call site).
-            warnings.warn(f"Cholesky of {name} {tuple(A.shape)} ({A.dtype}) needed jitter "
-                          f"of order {_magnitude(last[failed])} on the diagonal", RuntimeWarning,
-                          stacklevel=2)
+            message = (f"Cholesky of {name} {tuple(A.shape)} ({A.dtype}) needed jitter of "
+                       f"order {_magnitude(last[failed])} on the diagonal")
+            if _quiet(A, last, failed):
+                log.debug("%s (within rounding of the matrix: not a warning)", message)
+            else:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
             return L_try
     raise NumericalError(
         f"Cholesky of {name} {tuple(A.shape)} ({A.dtype}) failed: not positive definite even "
         f"with jitter {_describe(last[failed])} after {max_tries} tries. Increase the noise or "
         f"jitter (jitter=..., max_tries=...), use float64, or check {name} for NaN/inf or "
         f"duplicated inputs.")
+
+
+def cholesky_in_place(build: Callable[[], Tensor], *, jitter: float, max_tries: int,
+                      name: str = "matrix") -> Tensor:
+    """The lower Cholesky factor of the SPD matrix ``build()`` returns (n, n), written over it:
+    no second n × n array. A failed factorisation has overwritten the matrix, so each retry
+    calls ``build()`` again and adds ``jitter · 10^t`` (t = 0 … ``max_tries − 1``) to the
+    diagonal; a jitter is logged or warned as by :func:`safe_cholesky`. Only the lower
+    triangle of the result is meaningful.
+
+    Raises:
+        NumericalError: past ``max_tries``, naming ``name``, the shape, dtype and last jitter.
+    """
+    A = build()
+    info = torch.empty((), dtype=torch.int32, device=A.device)
+    torch.linalg.cholesky_ex(A, out=(A, info))
+    added = 0.0
+    for attempt in range(max_tries):
+        if int(info) == 0:
+            break
+        added = jitter * 10.0**attempt
+        A = build()
+        diagonal = A.diagonal()
+        scale = diagonal.abs().mean().reshape(1)
+        diagonal.add_(added)
+        torch.linalg.cholesky_ex(A, out=(A, info))
+        if int(info) == 0:
+            message = (f"Cholesky of {name} {tuple(A.shape)} ({A.dtype}) needed jitter of "
+                       f"order {_magnitude(scale.new_tensor([added]))} on the diagonal")
+            if _quiet_relative(added / max(scale.item(), 1e-300), A.dtype):
+                log.debug("%s (within rounding of the matrix: not a warning)", message)
+            else:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+    if int(info) != 0:
+        raise NumericalError(
+            f"Cholesky of {name} {tuple(A.shape)} ({A.dtype}) failed: not positive definite "
+            f"even with jitter {added:.3g} after {max_tries} tries. Increase the noise or the "
+            "jitter, or use float64.")
+    return A
+
+
+def _quiet_relative(relative: float, dtype: torch.dtype) -> bool:
+    return relative <= QUIET_JITTER * JITTER_START.get(dtype, 1e-6)
+
+
+def _quiet(A: Tensor, jitter: Tensor, failed: Tensor) -> bool:
+    """Whether ``jitter`` is within :data:`QUIET_JITTER` of the dtype's first jitter, relative to
+    the mean diagonal of the failed members of ``A``."""
+    scale = A.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
+    relative = (jitter / torch.where(scale > 0, scale, torch.ones_like(scale)))[failed]
+    return _quiet_relative(relative.max().item(), A.dtype)
 
 
 def _magnitude(values: Tensor) -> str:

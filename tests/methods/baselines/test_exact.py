@@ -52,11 +52,16 @@ def test_loss_gradient_matches_dense_autograd(model, toy_regression):
         torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-8, msg=name)
 
 
-def test_predictive_matches_dense_posterior(model, toy_regression, generator):
-    """R&W Eqs. 2.25–2.26: latent mean and variance; noise is σ²."""
+@pytest.mark.parametrize("grad", [True, False], ids=["gpytorch-path", "in-place-cholesky"])
+def test_predictive_matches_dense_posterior(model, toy_regression, generator, grad):
+    """R&W Eqs. 2.25–2.26: latent mean and variance; noise is σ². With gradients GPyTorch's
+    prediction; without, one Cholesky factor written over K + σ²I (the lean path)."""
     x, y = toy_regression
     x_test = torch.rand(7, 2, generator=generator) * 4 - 2
-    pred = model.predict(model.condition(x, y), x_test, chunk_size=3)
+    with torch.set_grad_enabled(grad):
+        state = model.condition(x, y)
+        pred = model.predict(state, x_test, chunk_size=3)
+    assert hasattr(state.gp, "_gpscale_cholesky") is not grad
     K = matern32(x, x, LENGTHSCALE, OUTPUTSCALE)
     K_sx = matern32(x_test, x, LENGTHSCALE, OUTPUTSCALE)
     mean, var = exact_posterior(K, K_sx, torch.full((7,), OUTPUTSCALE), y, MEAN, NOISE)
@@ -103,3 +108,50 @@ def test_default_training_is_lbfgs_and_reaches_the_maximum_likelihood(toy_regres
                                            epochs=3, progress=False))
     best = float(reference.loss(reference.condition(x, y)).detach())
     assert abs(float(loss.detach()) - best) < 1e-6
+
+
+def test_lean_prediction_is_gpytorchs_and_reuses_its_factor(model, toy_regression, generator,
+                                                             monkeypatch):
+    """Without gradients: GPyTorch's numbers (float64) for ordinary and far rows (the prior),
+    and a second call on the same state does not factorise again."""
+    from gpscale.linalg import ops
+
+    x, y = toy_regression
+    x_test = torch.cat([torch.rand(9, 2, generator=generator) * 4 - 2,
+                        torch.full((2, 2), 1e12)])
+    want = model.predict(model.condition(x, y), x_test)  # grad enabled: GPyTorch's path
+    with torch.no_grad():
+        state = model.posterior(x, y)
+        got = model.predict(state, x_test)
+        calls = []
+        monkeypatch.setattr(ops.torch.linalg, "cholesky_ex",
+                            lambda *a, **k: calls.append(1) or torch.linalg.cholesky_ex(*a, **k))
+        again = model.predict(state, x_test[:4])
+    assert not calls
+    torch.testing.assert_close(got.mean, want.mean.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.variance, want.variance.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(again.mean, got.mean[:4], rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(got.variance[-2:], torch.full((2,), OUTPUTSCALE), rtol=1e-12,
+                               atol=0)
+
+
+def test_cholesky_in_place_retries_with_jitter_from_a_fresh_matrix():
+    """A singular matrix: the factorisation overwrites it, so each retry rebuilds it; the
+    factor is of A + jitter·I, with the lower triangle meaningful."""
+    from gpscale.errors import NumericalError
+    from gpscale.linalg.ops import cholesky_in_place
+
+    v = torch.tensor([[1.0, 2.0, 3.0]])
+    builds = []
+
+    def build():
+        builds.append(1)
+        return v.mT @ v  # rank 1
+
+    factor = cholesky_in_place(build, jitter=1e-6, max_tries=3, name="rank one")
+    L = torch.tril(factor)
+    torch.testing.assert_close(L @ L.mT, v.mT @ v + 1e-6 * 10 ** (len(builds) - 2)
+                               * torch.eye(3), rtol=1e-9, atol=1e-12)
+    assert len(builds) >= 2
+    with pytest.raises(NumericalError, match="rank one .3, 3.*after 0 tries"):
+        cholesky_in_place(build, jitter=1e-6, max_tries=0, name="rank one")

@@ -8,9 +8,12 @@ tests run them without a GPU). :func:`stationary_product` takes the scaled, cent
 (B, n2, k), the last ``exact`` dimensions summed as differences — and returns (B, n1, k).
 
 Tile sizes. :func:`tiles` picks them per device. The interpreter gets the smallest legal ones
-(``tl.dot`` needs 16). A GPU gets 64 × 32 tiles of ``z1`` × ``z2`` and at most 64 right-hand
+(``tl.dot`` needs 16). A GPU gets 128 × 32 tiles of ``z1`` × ``z2`` and at most 64 right-hand
 sides per program; larger k runs as more programs, each recomputing its tiles. These are
-starting points, not tuned figures: tuning them is for a lent GPU.
+starting points, not tuned figures: 128 × 32 is what a throwaway kernel of the same plan ran at
+0.50 of the fp32 roofline with on one H100 (issue #43; there 64 × 128 tiles fell to 0.01,
+probably register spills); float64 takes 64 rows (twice the registers per value). Tuning them
+is for a lent GPU.
 
 A launch that fails (no compiler for this device, too little shared memory) warns once and the
 compiled PyTorch tiles of :mod:`gpscale.linalg.fused` compute this and every later product, so
@@ -51,8 +54,25 @@ def tiles(like: Tensor, d: int, k: int) -> dict[str, int]:
     padded input width DPAD (≥ 16, a power of two) and the padded k of V's gradient KPAD."""
     small = like.device.type != "cuda"
     bk = min(_pow2(k), MAX_K_PER_PROGRAM)
-    return {"BM": 16 if small else 64, "BN": 16 if small else 32, "BK": bk, "DPAD": _pow2(d),
-            "KPAD": bk}
+    rows = 16 if small else 64 if like.dtype == torch.float64 else 128
+    found = {"BM": rows, "BN": 16 if small else 32, "BK": bk, "DPAD": _pow2(d), "KPAD": bk}
+    return found | _tile_override()
+
+
+def _tile_override() -> dict[str, int]:
+    """``GPSCALE_TRITON_TILES="BM=64,BN=64"``: tile sizes for a tuning sweep on a GPU
+    (:func:`gpscale.benchmarks.kernels_gpu.sweep`); powers of two ≥ 16."""
+    raw = os.environ.get("GPSCALE_TRITON_TILES", "").strip()
+    if not raw:
+        return {}
+    out = {}
+    for part in raw.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in ("BM", "BN") or not value.strip().isdigit() \
+                or int(value) < 16 or int(value) & (int(value) - 1):
+            raise ValueError(f"GPSCALE_TRITON_TILES takes BM=<2^k>,BN=<2^k> (≥ 16); got {raw!r}")
+        out[name.strip()] = int(value)
+    return out
 
 
 def _launch_forward(profile: str, z1: Tensor, z2: Tensor, v: Tensor, exact: int) -> Tensor:
@@ -72,9 +92,17 @@ def _launch_forward(profile: str, z1: Tensor, z2: Tensor, v: Tensor, exact: int)
 
 
 def _precision(like: Tensor) -> str:
+    """``tl.dot``'s precision: float64 IEEE; float32 :data:`stationary.PRODUCT_PRECISION`, or
+    ``GPSCALE_TRITON_PRECISION=tf32x3`` (a tuning sweep; plain TF32 is refused)."""
     from gpscale.linalg.triton import stationary as kern
 
-    return kern.PRODUCT_PRECISION if like.dtype == torch.float32 else "ieee"
+    if like.dtype != torch.float32:
+        return "ieee"
+    chosen = os.environ.get("GPSCALE_TRITON_PRECISION", "").strip() or kern.PRODUCT_PRECISION
+    if chosen not in ("ieee", "tf32x3"):
+        raise ValueError(f"GPSCALE_TRITON_PRECISION must be ieee or tf32x3 (tf32 is too coarse "
+                         f"for GP solves); got {chosen!r}")
+    return chosen
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -40,7 +40,13 @@ import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive
-from gpscale.kernels import kernel_matrix
+from gpscale.kernels import (
+    dense_kernel_matrix,
+    kernel_diag,
+    kernel_hyperparameters,
+    kernel_matrix,
+)
+from gpscale.linalg.ops import cholesky_in_place
 from gpscale.methods._common import (
     check_task_and_init,
     follow_init,
@@ -177,11 +183,57 @@ class ExactGPyTorch(Method):
                             max_tries=s.cholesky_max_tries)
 
     def predict(self, state: ExactGPState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
-        """Marginal predictive (R&W Eqs. 2.25–2.26) in chunks of ``chunk_size`` test points."""
+        """Marginal predictive (R&W Eqs. 2.25–2.26) in chunks of ``chunk_size`` test points.
+
+        Without gradients, under Cholesky settings and for a kernel
+        :func:`~gpscale.kernels.kernel_hyperparameters` recognises: one Cholesky factor of
+        K + σ²I written over the matrix (:func:`~gpscale.linalg.ops.cholesky_in_place`), kept
+        on the state for later calls, then per chunk K(x_*, x) α and the triangular solve of
+        the variances. One n × n array at the peak, where GPyTorch's prediction held 5.2
+        (issue #43: the exact GP's memory on a GPU). Otherwise GPyTorch's prediction.
+        """
         check_x(x_test, num_dims=self.num_dims, name="x_test")
+        if (isinstance(self.settings, CholeskySettings) and not torch.is_grad_enabled()
+                and kernel_hyperparameters(self.kernel) is not None):
+            factor, alpha = self._cholesky_cache(state)
+            return predict_in_chunks(lambda xc: self._lean_predictive(state, factor, alpha, xc),
+                                     x_test, chunk_size)
         with self.settings.context():
             return predict_in_chunks(lambda xc: gaussian_predictive(state, xc), x_test,
                                      chunk_size)
+
+    def _cholesky_cache(self, state: ExactGPState) -> tuple[Tensor, Tensor]:
+        """(L, α): the factor of K + σ²I and (K + σ²I)⁻¹(y − m), made at the first prediction
+        from a state and kept on it (with the hyperparameters of that call, as GPyTorch's
+        prediction caches)."""
+        cache = getattr(state.gp, "_gpscale_cholesky", None)
+        if cache is not None:
+            return cache
+        s = self.settings
+        double = state.x.dtype == torch.float64
+        noise = self.likelihood.noise.reshape(())
+
+        def build() -> Tensor:
+            K = dense_kernel_matrix(self.kernel, state.x)
+            K.diagonal().add_(noise)
+            return K
+
+        factor = cholesky_in_place(
+            build, jitter=s.cholesky_jitter_double if double else s.cholesky_jitter_float,
+            max_tries=s.cholesky_max_tries, name="exact GP kernel matrix K + σ²I")
+        residual = (state.y - self.mean(state.x))[:, None]
+        alpha = torch.cholesky_solve(residual, factor, upper=False)[:, 0]
+        state.gp._gpscale_cholesky = (factor, alpha)
+        return factor, alpha
+
+    def _lean_predictive(self, state: ExactGPState, factor: Tensor, alpha: Tensor,
+                         x_test: Tensor) -> Predictive:
+        cross = kernel_matrix(self.kernel, x_test, state.x)  # (t, n); 0 beyond the kernel's reach
+        mean = self.mean(x_test) + cross @ alpha
+        v = torch.linalg.solve_triangular(factor, cross.mT, upper=False)  # (n, t)
+        floor = gpytorch.settings.min_variance.value(x_test.dtype)
+        variance = (kernel_diag(self.kernel, x_test) - v.square().sum(0)).clamp_min(floor)
+        return Predictive(mean=mean, variance=variance, noise=self.likelihood.noise.reshape(()))
 
 
 def build_exact(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
