@@ -3,7 +3,8 @@
 # Run from the repository root there, with the pykeops wheels carried in .whl (see below):
 #
 #   bash scripts/gpu-check.sh kernels   # bench kernels --device cuda: roofline, KeOps, loop (~3 min)
-#   bash scripts/gpu-check.sh tests     # pytest -m gpu: Triton on the card, every key via fit (~5 min)
+#   bash scripts/gpu-check.sh tests     # Triton compiled on the card, pytest -m gpu methods (~3 min)
+#   bash scripts/gpu-check.sh paths     # every key and auto through gpscale fit on CUDA (~6 min)
 #   bash scripts/gpu-check.sh fits      # 2e6-row file -> svgp / solvegp / softki, 60 s each (~5 min)
 #   bash scripts/gpu-check.sh sweep     # Triton tile shapes x {IEEE, 3xTF32} at n = 200,000 (~2 min)
 #
@@ -13,7 +14,7 @@
 #   .venv/bin/python -m pip wheel --no-deps .whl/*.tar.gz -w .whl && rm .whl/*.tar.gz
 # and `carry: [".whl"]` in the run call. The machine's python3 has torch, triton, gpytorch.
 set -uo pipefail
-step=${1:?usage: gpu-check.sh kernels|tests|fits|sweep}
+step=${1:?usage: gpu-check.sh kernels|sweep|tests|paths|fits}
 out=${OUT:-runs/gpu-check}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -31,8 +32,12 @@ kernels)
 tests)
     python3 -m pytest -q -p no:cacheprovider tests/linalg/test_triton.py \
         tests/test_devices.py 2>&1 | tee "$out/tests.log"
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_cli_paths.py \
-        tests/test_cuda_methods.py 2>&1 | tee -a "$out/tests.log"
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_methods.py \
+        tests/test_kernels.py 2>&1 | tee -a "$out/tests.log"
+    ;;
+paths)
+    python3 -m pytest -q -p no:cacheprovider -rA -m gpu tests/test_cuda_cli_paths.py 2>&1 \
+        | tee "$out/paths.log"
     ;;
 fits)
     data=/tmp/field8d-2000000.parquet
@@ -56,6 +61,6 @@ json.dump(rows, open(os.path.join(os.environ.get("OUT", "runs/gpu-check"), "swee
 PY
     ;;
 *)
-    echo "unknown step $step (kernels, tests, fits or sweep)"; exit 2
+    echo "unknown step $step (kernels, sweep, tests, paths or fits)"; exit 2
     ;;
 esac
