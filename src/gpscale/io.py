@@ -254,9 +254,10 @@ def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> str:
     """Rewrite a model, estimator or checkpoint file of the earlier pickled formats (1 and 2)
     in the current data-only format; returns its kind.
 
-    This is the one function of gpscale that unpickles a file, which runs whatever code the
-    file holds: ``trust=True`` says the caller trusts where ``old`` came from. A file already in
-    the current format is verified and copied.
+    This is the one function of gpscale that unpickles a file, with torch's restricted
+    unpickler (:func:`_unpickle_trusted`: no code runs); ``trust=True`` still says the caller
+    trusts where ``old`` came from. A file already in the current format is verified and
+    copied.
 
     Raises:
         ValueError: ``trust`` is not set; ``new`` is ``old``.
@@ -265,8 +266,8 @@ def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> str:
     """
     old, new = Path(old), Path(new)
     if not trust:
-        raise ValueError(f"converting {old} unpickles it, which runs any code it holds; pass "
-                         "--trust only for a file from a source you trust")
+        raise ValueError(f"converting {old} unpickles it (restricted to tensors, arrays and "
+                         "gpscale's records); pass --trust for a file from a source you trust")
     if new.resolve() == old.resolve():
         raise ValueError(f"write the converted file to a new path, not over {old}")
     raw = old.read_bytes()
@@ -300,12 +301,45 @@ def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> str:
 
 
 def _unpickle_trusted(path: Path, raw: bytes) -> Any:
-    """The earlier formats' reader. Runs any code in the file: only for :func:`convert`."""
+    """The earlier formats' reader, only for :func:`convert`: torch's restricted unpickler
+    (``weights_only=True``), which builds tensors, containers and the allowlisted types of
+    :func:`_legacy_globals` only, so a file cannot run code (needs torch ≥ 2.6, whose
+    restricted unpickler has no known way out, CVE-2025-32434)."""
+    if not hasattr(torch.serialization, "safe_globals") or _torch_before((2, 6)):
+        raise SavedFileError(path, f"is in an earlier, pickled format; converting it needs torch "
+                             f"2.6 or later (this is {torch.__version__})")
     try:
-        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(_legacy_globals()):
+            return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as err:  # any failure to unpickle means an unreadable file
         raise SavedFileError(path, "cannot be read: the file is truncated, corrupt or not "
                              f"written by gpscale ({_one_line(err)})") from None
+
+
+def _torch_before(version: tuple[int, int]) -> bool:
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return (major, minor) < version
+
+
+def _legacy_globals() -> list[Any]:
+    """What the pickled formats held besides tensors and containers: NumPy arrays (class
+    labels) and the dataclasses of the methods' summaries (SoftKI's posterior, GGP's
+    statistics). Nothing that runs code."""
+    import importlib
+
+    from gpscale.methods.base import Method
+
+    core = importlib.import_module("numpy._core.multiarray" if hasattr(np, "_core")
+                                   else "numpy.core.multiarray")
+    arrays = [np.ndarray, np.dtype, core._reconstruct]
+    dtypes = [type(np.dtype(name)) for name in ("float64", "float32", "int64", "int32", "bool",
+                                                "<U1", "O")]
+    classes, summaries = list(Method.__subclasses__()), set()
+    while classes:  # every Method subclass's declared summary types
+        cls = classes.pop()
+        summaries.update(cls.summary_types)
+        classes += cls.__subclasses__()
+    return [*arrays, *dtypes, *summaries]
 
 
 def _is_legacy_checkpoint(payload: Any) -> bool:

@@ -92,6 +92,9 @@ def test_crafted_model_and_checkpoint_never_run(run, tmp_path, capsys):
     before = ckpt.read_bytes()
     _fails(capsys, _fit(data, tmp_path / "out", "--checkpoint", str(ckpt)), "gpscale convert")
     _fails(capsys, ["convert", str(evil), str(tmp_path / "new.pt")], "--trust")
+    # even with --trust the old formats are read by torch's restricted unpickler: refused
+    _fails(capsys, ["convert", str(evil), str(tmp_path / "new.pt"), "--trust"],
+           "cannot be read")
     assert not marker.exists()
     assert ckpt.read_bytes() == before and not (tmp_path / "new.pt").exists()
 

@@ -147,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "estimator)")
     conv.add_argument("new", help="where to write the converted file (a new path)")
     conv.add_argument("--trust", action="store_true",
-                      help="required: converting unpickles OLD, which runs any code it holds; "
-                      "pass it only for a file from a source you trust")
+                      help="required: converting unpickles OLD (torch's restricted unpickler: "
+                      "tensors, arrays and gpscale's records only); pass it for a file from a "
+                      "source you trust")
 
     bench = add("bench", help="run a benchmark suite")
     bench.add_argument("suite", help="suite name (`gpscale bench list` lists them)")
