@@ -84,7 +84,9 @@ def test_checkpoint_resume_matches_uninterrupted_run(tmp_path, data_root):
     _, straight = _fit(tmp_path, epochs="6", name="straight")
     got = json.loads((resumed / "metrics.json").read_text())
     want = json.loads((straight / "metrics.json").read_text())
-    assert got["epochs"] == 6
+    # the same epochs and stop (a steady plateau may end both before the 6th: the plateau
+    # test's window travels in the checkpoint)
+    assert got["epochs"] == want["epochs"] > 1 and got["stopped"] == want["stopped"]
     assert got["test_nll"] == pytest.approx(want["test_nll"], rel=1e-9)
 
 

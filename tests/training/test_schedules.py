@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 
 from gpscale.errors import NonFiniteLossError, NumericalError
 from gpscale.training import FitConfig, fit, resolve_fit_config
-from gpscale.training.schedules import Schedule, patience_epochs
+from gpscale.training.schedules import LOSS_SD, Schedule, patience_epochs
 
 
 class Quadratic(nn.Module):
@@ -206,3 +207,71 @@ def test_full_batch_plateau_restores_the_best_parameters():
     stuck = Quadratic()
     fit(stuck, _cliff_loss, DATA, FitConfig(**{**config.__dict__, "batch_size": 4}))
     assert float(_cliff_loss(stuck, None, None)) == 0.25
+
+
+def _noise_schedule(num_train: int, steps_per_epoch: int = 1, noise_plateau: bool = True):
+    config = FitConfig(lr=1.0, epochs=1000, scheduler="plateau", patience=50,
+                       lr_end_factor=0.01, noise_plateau=noise_plateau)
+    return Schedule(_optimizer(), config, steps_per_epoch, num_train)
+
+
+def test_noise_floor_is_the_standard_error_of_a_per_datum_loss():
+    schedule = _noise_schedule(5000)
+    assert schedule.floor == pytest.approx(LOSS_SD / math.sqrt(5000))
+    assert schedule.floor == pytest.approx(0.0100, abs=1e-4)
+    # the sd of a standard normal's ½ z², which LOSS_SD stands for
+    z = torch.randn(400_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert float((0.5 * z.square()).std()) == pytest.approx(LOSS_SD, rel=0.01)
+    assert _noise_schedule(5000, steps_per_epoch=15).floor == 0.0  # minibatch epochs: no floor
+    assert _noise_schedule(5000, noise_plateau=False).floor == 0.0
+
+
+def test_a_steady_descent_below_the_noise_floor_converges_at_its_first_plateau():
+    """1e-4 per epoch at n = 5,000 (floor 0.01): no improvement that counts within 50 epochs,
+    and no rise at all, so the run has converged; the learning rate was never lowered. Without
+    the noise test the same losses improve by 1e-3 every 10 epochs and never plateau."""
+    losses = [1.0 - 1e-4 * t for t in range(400)]
+    schedule, plain = _noise_schedule(5000), _noise_schedule(5000, noise_plateau=False)
+    stops = [t for t, loss in enumerate(losses, 1)
+             if schedule.epoch_end(t, loss, 0.0) == "converged"]
+    assert stops[0] == 51 and schedule.lr == 1.0 and schedule.steady
+    assert all(plain.epoch_end(t, loss, 0.0) is None for t, loss in enumerate(losses, 1))
+    assert plain.lr == 1.0
+
+
+def test_an_oscillating_plateau_lowers_the_rate_instead():
+    """Losses that swing by 0.02 about a flat level: the rises exceed the margin, so the
+    plateau is the step size's, and the rate falls (1 → 0.3) rather than the run stopping."""
+    schedule = _noise_schedule(5000)
+    results = [schedule.epoch_end(t, 1.0 + 0.02 * (t % 2), 0.0) for t in range(1, 54)]
+    assert "converged" not in results and not schedule.steady
+    assert schedule.lr == pytest.approx(0.3) and schedule.reductions == 1
+
+
+def test_the_noise_window_survives_a_checkpoint():
+    schedule = _noise_schedule(5000)
+    for t in range(1, 30):
+        schedule.epoch_end(t, 1.0 - 1e-4 * t, 0.0)
+    again = _noise_schedule(5000)
+    again.load_state_dict(schedule.state_dict())
+    assert again.recent == schedule.recent and len(again.recent) == 29
+    for t in range(30, 52):  # the resumed schedule stops where the uninterrupted one does
+        assert again.epoch_end(t, 1.0 - 1e-4 * t, 0.0) == schedule.epoch_end(
+            t, 1.0 - 1e-4 * t, 0.0)
+    assert again.steady and schedule.steady
+
+
+def test_default_full_batch_training_stops_on_a_steady_plateau():
+    """Through ``fit`` with a method's default settings: a loss that creeps down by 1e-6 per
+    step (far below 0.71/√8) ends as converged after the patience window, at lr unchanged."""
+    model = Quadratic(target=1e6)
+    config = replace(resolve_fit_config("cagp-opt", 8), lr=1e-6, max_time=None,
+                     progress=False)
+    assert config.noise_plateau and config.batch_size is None
+
+    def creeping(model, x, y):
+        return 1.0 + 1e-6 * (model.p - model.target).abs() / model.target
+
+    history = fit(model, creeping, DATA, config)
+    assert history.stopped == "converged" and history.epochs == 51
+    assert {row["lr"] for row in history.rows} == {1e-6}

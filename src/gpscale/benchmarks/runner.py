@@ -190,7 +190,9 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
         batch += f" sized for {config.torch_device} (--batch-size)"
     floor = config.lr * config.lr_end_factor
     rule = {"plateau": f"lr {config.lr:g} lowered x{config.plateau_factor:g} on each loss "
-                       f"plateau, stopping when converged (lr below {floor:g})",
+                       f"plateau, stopping when converged (lr below {floor:g}"
+                       + (", or a steady plateau within the loss's noise)"
+                          if config.noise_plateau and config.batch_size is None else ")"),
             "linear": f"lr {config.lr:g} decaying linearly over the epochs",
             "budget": f"lr {config.lr:g} decaying linearly over the budget",
             "none": f"constant lr {config.lr:g}"}[config.scheduler]

@@ -54,6 +54,11 @@ class FitConfig:
         min_delta: relative improvement that counts (absolute for losses below 1 in size).
         plateau_factor: learning-rate factor of a plateau, in (0, 1); also the back-off factor
             after a failed epoch (non-finite loss, failed Cholesky) under ``"plateau"``.
+        noise_plateau: judge a full-batch run's plateaus against the loss's own noise
+            (:mod:`gpscale.training.schedules`): an improvement below the standard error of a
+            per-datum loss over n points (0.71/√n) counts as none, and a plateau reached in a
+            steady descent ends the run instead of lowering the learning rate. Minibatch runs
+            ignore it.
         dtype: ``"float32"`` or ``"float64"``, the precision the harness trains the model and
             its data in (``training.fit`` itself follows the model's).
         device: where the harness trains and predicts: ``"cpu"`` (default), ``"cuda"``,
@@ -80,6 +85,7 @@ class FitConfig:
     patience: int | None = None
     min_delta: float = 1e-3
     plateau_factor: float = 0.3
+    noise_plateau: bool = False
     device: str = "cpu"
 
     def __post_init__(self):
@@ -200,9 +206,12 @@ DEFAULT_BUDGET_S = 300.0
 
 # Every trainable method: Adam from a method-specific learning rate, lowered by 0.3 whenever the
 # loss has not improved by 0.1% for 50 optimiser steps, until it reaches 1% of its start (then
-# the run has converged), within 1000 epochs and the time budget.
+# the run has converged), within 1000 epochs and the time budget. A full-batch run also stops at
+# a plateau its loss reached in a steady descent, and an improvement below the loss's standard
+# error (0.71/√n per datum) counts as none (``noise_plateau``; BENCHMARKS "Stopping on the
+# loss's noise").
 _CONVERGE = dict(epochs=1000, max_time=DEFAULT_BUDGET_S, scheduler="plateau", patience=50,
-                 lr_end_factor=0.01, plateau_factor=0.3, min_delta=1e-3)
+                 lr_end_factor=0.01, plateau_factor=0.3, min_delta=1e-3, noise_plateau=True)
 
 METHOD_DEFAULTS: dict[str, FitConfig] = {
     **PAPER_DEFAULTS,

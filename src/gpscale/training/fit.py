@@ -243,7 +243,7 @@ def _start(model: nn.Module, params: list[nn.Parameter], config: FitConfig,
         optimizer = torch.optim.LBFGS(params, lr=config.lr, max_iter=config.lbfgs_max_iter,
                                       line_search_fn="strong_wolfe")
     steps = 1 if config.batch_size is None else math.ceil(num_train / config.batch_size)
-    scheduler = Schedule(optimizer, config, steps)
+    scheduler = Schedule(optimizer, config, steps, num_train)
     generator = torch.Generator().manual_seed(config.seed)
     return _Run(optimizer, scheduler, generator, History())
 
