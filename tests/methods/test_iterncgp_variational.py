@@ -449,8 +449,38 @@ def test_fit_plan_names_the_learning_subset():
     from gpscale.benchmarks.runner import plan_text
 
     config = FitConfig(max_time=300)
-    assert "8,000 random points of 20,000" in plan_text("iterncgp", config, {}, 20_000, 10)
+    assert "4,000 random points of 20,000" in plan_text("iterncgp", config, {}, 20_000, 10)
     assert "learn_points=0" in plan_text("iterncgp", config, {}, 20_000, 10)
-    assert "random points" not in plan_text("iterncgp", config, {}, 8_000, 10)
+    assert "random points" not in plan_text("iterncgp", config, {}, 4_000, 10)
     assert "random points" not in plan_text("iterncgp", config, {"learn_points": 0}, 20_000, 10)
     assert "5,000 random" in plan_text("iterncgp", config, {"learn_points": 5000}, 20_000, 1)
+
+
+def test_kernel_rounds_stop_when_the_evidence_gains_less_than_its_noise(monkeypatch):
+    """With the variational objective a round knows its posterior's ELBO before its step: once
+    that gained less than LOSS_SD/√n over the last round's, the rounds stop there (θ kept,
+    no step taken, "converged"). A noise of 0 never stops them this way."""
+    from gpscale.training import laplace
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(200, 1, generator=g, dtype=F64) * 10
+    y = (torch.sin(x[:, 0]) + 0.3 * torch.randn(200, generator=g, dtype=F64) > 0).long()
+
+    def rounds(sd):
+        monkeypatch.setattr(laplace, "LOSS_SD", sd)
+        model = build_iterncgp(1, num_classes=2, lengthscale=3.0, outputscale=0.5,
+                               learn_kernel=True, kernel_rtol=0.0, kernel_rounds=4,
+                               max_iterations=10).double()
+        history, _ = learn_kernel(model, (x, y), FitConfig(progress=False))
+        return history
+
+    quiet = rounds(0.0)
+    assert quiet.stopped == "epochs" and len(quiet.rows) == 4
+    gains = [a["loss"] - b["loss"] for a, b in zip(quiet.rows, quiet.rows[1:], strict=False)]
+    assert gains[0] > 0  # the first step raised the ELBO
+    # a noise just above the first round's gain: the second round stops before its step
+    noisy = rounds(1.01 * gains[0] * math.sqrt(200))
+    assert noisy.stopped == "converged" and len(noisy.rows) == 2
+    second = noisy.rows[1]
+    assert second["change"] == 0.0 and second["stepped_evidence"] == second["log_evidence"]
+    assert second["lengthscale"] == pytest.approx(quiet.rows[0]["lengthscale"], rel=1e-9)

@@ -59,7 +59,9 @@ class KernelLearning:
     Newton restarts from the previous representer weights and actions under the new kernel
     (:meth:`~gpscale.methods.iterncgp.IterNCGP.warm_start`). Rounds stop when no raw
     hyperparameter moved by more than ``rtol`` (relative, at least ``rtol`` absolute) in a
-    round, after ``rounds`` rounds, or at the training time budget; the last round conditions
+    round, when a round's starting evidence gained less than its noise on the last one
+    (:data:`~gpscale.training.schedules.LOSS_SD` / √n per datum over the rounds' n points),
+    after ``rounds`` rounds, or at the training time budget; the last round conditions
     from scratch, so the state is what :meth:`condition` gives for the learned kernel.
 
     Attributes:
@@ -117,7 +119,7 @@ KERNEL_LEARNING_OPTIONS = (
                "else elbo", choices=OBJECTIVES),
         Option("learn_points", "int", None, "training points the kernel rounds use (a seeded "
                "random subset; the final conditioning uses all); none: at most n with "
-               "n²·L ≤ 6.4e8 (8,000 with 10 classes); 0: all", minimum=0),
+               "n²·L ≤ 1.6e8 (4,000 with 10 classes); 0: all", minimum=0),
 )
 """Registry options of :class:`KernelLearning` (``iterncgp``)."""
 
