@@ -32,7 +32,7 @@ OPTIONS = {"ski": {"grid_size": 32}, "ggp": {"grid_size": 32}}
 # stopping tolerance only (CGGP's eval CG stops at relative residual 0.01; CaGP-CG's actions are
 # CG directions, which rounding reorders after many iterations; IterNCGP's Newton steps stop at
 # a relative change of outer_rtol = 0.01 and its variational refinement at an ELBO gain: on an
-# H200 in session 41 its float64 latent means were 1e-4 to 4e-3 from the CPU's).
+# H200 in commit 7dbf9d2 (2026-11-27) its float64 latent means were 1e-4 to 4e-3 from the CPU's).
 SOLVER_TOLERANCE = {"cggp": 5e-2, "cagp-cg": 5e-2, "ski": 5e-2, "ggp": 5e-2, "iterncgp": 1e-2}
 NUM_CLASSES = 3
 

@@ -174,7 +174,7 @@ def fake_gpu(monkeypatch):
 
 @pytest.mark.parametrize("method", ["svgp", "solvegp", "softki"])
 def test_minibatch_methods_default_to_the_gpu_batch(method, fake_gpu):
-    from gpscale.benchmarks.runner import plan_text
+    from gpscale.run import plan_text
     from gpscale.training import resolve_fit_config
 
     config = resolve_fit_config(method, 2_000_000, device="cuda")

@@ -16,12 +16,12 @@ import pytest
 SRC = Path(__file__).parents[1] / "src"
 PACKAGE = SRC / "gpscale"
 MAX_LINES = 500
-# cli → benchmarks → training → methods → likelihoods → kernels → linalg: a module may import
-# from its own layer or any layer to its right, never to its left. (``gpscale.kernels`` puts
-# kernel products onto linalg's fused / chunked / block-sparse primitives, so it sits above
-# linalg; linalg knows no kernel objects.)
-LAYERS = ("gpscale.cli", "gpscale.benchmarks", "gpscale.training", "gpscale.methods",
-          "gpscale.likelihoods", "gpscale.kernels", "gpscale.linalg")
+# cli → benchmarks → run (the user's run, which the suites sit on) → training → methods →
+# likelihoods → kernels → linalg: a module may import from its own layer or any layer to its
+# right, never to its left. (``gpscale.kernels`` puts kernel products onto linalg's fused /
+# chunked / block-sparse primitives, so it sits above linalg; linalg knows no kernel objects.)
+LAYERS = ("gpscale.cli", "gpscale.benchmarks", "gpscale.run", "gpscale.training",
+          "gpscale.methods", "gpscale.likelihoods", "gpscale.kernels", "gpscale.linalg")
 
 
 def _modules() -> dict[str, Path]:
@@ -46,10 +46,11 @@ def _type_checking_lines(tree: ast.Module) -> set[int]:
     return lines
 
 
-def _imports(name: str, *, top_level_only: bool) -> set[str]:
-    """The gpscale modules ``name`` imports (with the packages each import runs)."""
+def _imports(name: str, *, top_level_only: bool, type_checking: bool = False) -> set[str]:
+    """The gpscale modules ``name`` imports (with the packages each import runs); imports under
+    ``if TYPE_CHECKING:`` count only with ``type_checking``."""
     tree = ast.parse(MODULES[name].read_text())
-    skip = _type_checking_lines(tree)
+    skip = set() if type_checking else _type_checking_lines(tree)
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     found: set[str] = set()
     for node in nodes:
@@ -84,13 +85,8 @@ def test_no_source_file_over_500_lines():
     assert not long, f"split these modules (lines): {long}"
 
 
-def test_no_import_cycle_between_modules():
-    """Tarjan's strongly connected components of the top-level import graph are singletons
-    (a package importing its own submodules in ``__init__`` is not a cycle)."""
-    graph = {name: {t for t in _imports(name, top_level_only=True)
-                    if not (name != "gpscale" and t.startswith(name + "."))
-                    and not (t != "gpscale" and name.startswith(t + "."))}
-             for name in MODULES}
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph`` with more than one node."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -118,7 +114,31 @@ def test_no_import_cycle_between_modules():
     for v in graph:
         if v not in index:
             visit(v)
-    assert not cycles, f"import cycles: {cycles}"
+    return cycles
+
+
+def test_no_import_cycle_between_modules():
+    """The top-level import graph has no cycle (a package importing its own submodules in
+    ``__init__`` is not a cycle)."""
+    graph = {name: {t for t in _imports(name, top_level_only=True)
+                    if not (name != "gpscale" and t.startswith(name + "."))
+                    and not (t != "gpscale" and name.startswith(t + "."))}
+             for name in MODULES}
+    assert not (cycles := _cycles(graph)), f"import cycles: {cycles}"
+
+
+def _folder(name: str) -> str:
+    return name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+
+
+def test_no_file_level_import_cycle_inside_a_folder():
+    """Within one folder not even lazy imports (inside functions) or annotation-only ones
+    (``if TYPE_CHECKING:``) go round in a circle: each folder's files form a hierarchy."""
+    graph = {name: {t for t in _imports(name, top_level_only=False, type_checking=True)
+                    if t in MODULES and MODULES[t].name != "__init__.py"
+                    and _folder(t) == _folder(name)}
+             for name in MODULES if MODULES[name].name != "__init__.py"}
+    assert not (cycles := _cycles(graph)), f"file-level import cycles: {cycles}"
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if _layer(n) is not None))

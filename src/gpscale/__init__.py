@@ -16,7 +16,7 @@ from gpscale.io import load, save
 from gpscale.methods import METHODS, build
 from gpscale.training import FitConfig, fit
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "GPClassifier", "GPRegressor", "Predictive", "METHODS", "build", "fit", "FitConfig",
     "save", "load", "__version__",

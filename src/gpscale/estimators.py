@@ -29,6 +29,7 @@ NaN or inf in X or y is a ``ValueError`` naming the first rows; so is a NaN or i
 
 from __future__ import annotations
 
+import logging
 from numbers import Integral, Real
 from typing import Any
 
@@ -47,9 +48,11 @@ from gpscale.methods import auto
 from gpscale.methods.auto import AUTO
 from gpscale.methods.base import module_device
 from gpscale.methods.registry import METHODS, get_spec
+from gpscale.run import plan_text
 from gpscale.training import FitConfig, History, resolve_fit_config
 from gpscale.training.config import DTYPES, OPTIMIZERS, SCHEDULERS
 from gpscale.training.harness import cast, train_method
+from gpscale.training.probe import inducing_probe
 from gpscale.validation import check_finite_output, check_x, nonfinite_rows
 
 __all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload"]
@@ -143,11 +146,14 @@ class _GPEstimator(BaseEstimator):
         if x.shape[0] < 2:
             raise ValueError(f"{type(self).__name__} needs at least 2 samples; got "
                              f"n_samples={x.shape[0]}")
-        self.method_, options = self._choose_method(x, num_classes)
+        self.method_, options = self._choose_method(x, y, num_classes)
         seed = _seed(self.random_state)
         config = resolve_fit_config(
             self.method_, x.shape[0], dtype=self.dtype, seed=seed, progress=bool(self.progress),
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
+        latents = num_classes if (num_classes or 0) > 2 else 1
+        logging.getLogger("gpscale.fit").info(plan_text(self.method_, config, options,
+                                                        x.shape[0], latents))
         self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression")
                            if self.standardize else None)
         train = cast(self._transform_xy(x, y), config, self._task)
@@ -161,19 +167,22 @@ class _GPEstimator(BaseEstimator):
         self._state = trained.state
         self.n_features_in_ = x.shape[1]
 
-    def _choose_method(self, x: torch.Tensor, num_classes: int | None
+    def _choose_method(self, x: torch.Tensor, y: torch.Tensor, num_classes: int | None
                        ) -> tuple[str, dict[str, Any]]:
         """The method key to fit and its typed options: ``method``, or for ``"auto"`` the key
-        :func:`~gpscale.methods.auto.choose_method` picks for this data (its reason logged on
+        :func:`~gpscale.methods.auto.choose_method` picks for this data, with the probe of
+        :func:`~gpscale.training.probe.inducing_probe` where it decides (its reason logged on
         ``gpscale.fit``). An unknown method or option is a ``ValueError``."""
         if not _is_auto(self.method):
             self.method_reason_ = "given"
             return self.method, get_spec(self.method).resolve(self._options,
                                                               fill_defaults=False)
         device = FitConfig(device=self.device or "cpu").torch_device
+        seed = _seed(self.random_state)
         choice, options = auto.pick(self._task, x.shape[0], x.shape[1],
                                     num_classes=num_classes, options=self._options,
-                                    device=device)
+                                    device=device,
+                                    probe=lambda: inducing_probe(x, y, seed=seed))
         self.method_reason_ = choice.reason
         return choice.method, options
 

@@ -17,8 +17,12 @@ from gpscale.methods.auto import (
     CAGP_MAX_N,
     EXACT_MAX_N,
     ITERNCGP_MAX_NC,
+    PROBE_RATIO_MIN,
     RULES,
+    Probe,
     choose_method,
+    needs_probe,
+    pick,
 )
 from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS
 
@@ -56,15 +60,23 @@ def test_exact_is_skipped_when_its_dense_matrices_do_not_fit():
 
 def test_every_rule_row_is_reachable_and_names_a_key_for_its_task():
     """RULES (what `gpscale methods auto` prints) and choose_method agree row by row."""
+    noisy = Probe(noise=0.3, outputscale=1.0, residual=0.3, num_inducing=512, points=1000,
+                  seconds=2.0, error=0.35)
     examples = {
-        "exact": ("regression", 100, 5, None), "ggp": ("regression", 50_000, 2, None),
-        "cagp-opt": ("regression", 5000, 9, None), "solvegp": ("regression", 60_000, 9, None),
-        "iterncgp": ("classification", 1000, 3, 3), "svgp": ("classification", 10**6, 3, 3),
+        ("regression", "exact"): (100, 5, None, None),
+        ("regression", "ggp"): (50_000, 2, None, None),
+        ("regression", "svgp"): (5000, 9, None, noisy),
+        ("regression", "cagp-opt"): (5000, 9, None, None),
+        ("regression", "solvegp"): (60_000, 9, None, noisy),
+        ("classification", "iterncgp"): (1000, 3, 3, None),
+        ("classification", "svgp"): (10**6, 3, 3, None),
+        ("counts", "iterncgp"): (10, 1, None, None),
     }
     for task, _condition, key in RULES:
         assert task in METHODS[key].tasks
-        ex_task, n, d, c = examples[key] if task != "counts" else ("counts", 10, 1, None)
-        assert choose_method(ex_task, n, d, num_classes=c, memory=64 * GIB).method == key
+        n, d, c, probe = examples[task, key]
+        assert choose_method(task, n, d, num_classes=c, memory=64 * GIB,
+                             probe=probe).method == key
 
 
 def test_readme_table_lists_every_auto_choice():
@@ -90,6 +102,9 @@ def test_regressor_defaults_to_auto_and_says_why(caplog):
     assert reg.method == "auto" and reg.method_ == "exact"
     assert "n = 60" in reg.method_reason_
     assert any("method auto: n = 60" in r.getMessage() for r in caplog.records)
+    # and the budget line, as `gpscale fit` prints it (README "Training defaults")
+    assert any(r.getMessage().startswith("exact: training for at most 3 epochs")
+               for r in caplog.records)
     # the fitted key is what was trained; options are checked against it at fit
     assert reg.model_.method_key == "exact"
     assert np.sqrt(np.mean((reg.predict(X) - y) ** 2)) < 0.2
@@ -160,13 +175,13 @@ def test_cli_auto_with_a_misspelt_option_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_cagp_choice_above_the_prefit_threshold_names_the_faster_alternative():
-    """Between the pre-fit threshold and CAGP_MAX_N the reason says CaGP-Opt takes its whole
-    budget after a pre-fit and that solvegp converges sooner; below it, it does not."""
+    """Between the pre-fit threshold and CAGP_MAX_N the reason says CaGP-Opt may take its whole
+    budget after a pre-fit and that svgp converges sooner; below it, it does not."""
     above = choose_method("regression", AUTO_PREFIT_MIN_POINTS + 1, 9, memory=64 * GIB)
     below = choose_method("regression", AUTO_PREFIT_MIN_POINTS, 9, memory=64 * GIB)
     assert above.method == below.method == "cagp-opt"
-    assert "--method solvegp converges sooner" in above.reason
-    assert "solvegp" not in below.reason
+    assert "--method svgp converges sooner" in above.reason
+    assert "svgp" not in below.reason
 
 
 @pytest.mark.parametrize(("n", "d", "key"), [
@@ -188,3 +203,78 @@ def test_classification_and_counts_choose_the_same_on_a_gpu():
                        ("counts", 5_000, None)):
         assert (choose_method(task, n, 5, num_classes=c, memory=80 * GIB, device=gpu)
                 == choose_method(task, n, 5, num_classes=c, memory=80 * GIB))
+
+
+def _probe(ratio: float) -> Probe:
+    return Probe(noise=1e-4, outputscale=1.0, residual=0.1 * ratio, num_inducing=512,
+                 points=1000, seconds=3.0, error=0.1)
+
+
+@pytest.mark.parametrize("ratio, key", [(0.05, "svgp"), (PROBE_RATIO_MIN * 0.99, "svgp"),
+                                        (PROBE_RATIO_MIN, "cagp-opt"), (1.86, "cagp-opt"),
+                                        (270.0, "cagp-opt"), (1.42, "svgp")])
+def test_the_probe_decides_between_svgp_and_cagp_opt(ratio, key):
+    """Where the size rules give CaGP-Opt, a probe whose ratio of inducing-point residual to
+    the small exact GP's held-out error is below PROBE_RATIO_MIN gives SVGP; the reason names
+    ρ and the gain's scale."""
+    probe = _probe(ratio)
+    choice = choose_method("regression", 15_000, 18, memory=64 * GIB, probe=probe)
+    assert choice.method == key
+    assert f"ρ = {ratio:.3g}" in choice.reason and "1,000 points" in choice.reason
+    if key == "svgp":
+        assert "svgp (minibatch, it converged in 1–2.5 minutes" in choice.reason
+        assert f"~{np.sqrt(1 + ratio) - 1:.0%}" in choice.reason
+    else:
+        assert "inducing points' error would dominate" in choice.reason
+    assert probe.gain == pytest.approx(np.sqrt(1 + ratio) - 1)
+
+
+@pytest.mark.parametrize("task, n, d, on_gpu", [
+    ("regression", 1500, 8, False), ("regression", 40_000, 3, False),
+    ("regression", CAGP_MAX_N + 1, 8, False), ("classification", 5000, 8, False),
+    ("regression", 30_000, 8, True)])
+def test_outside_cagp_opt_s_band_the_probe_is_neither_run_nor_used(task, n, d, on_gpu):
+    device = torch.device("cuda:0") if on_gpu else None
+    memory = 80 * GIB
+    assert not needs_probe(task, n, d, memory=memory, device=device)
+    plain = choose_method(task, n, d, memory=memory, device=device)
+    assert choose_method(task, n, d, memory=memory, device=device, probe=_probe(0.01)) == plain
+
+    def never() -> Probe:
+        raise AssertionError("the probe ran outside its band")
+
+    if not on_gpu:  # pick reads the CPU's memory itself
+        assert pick(task, n, d, num_classes=None, options={}, probe=never)[0] == plain
+
+
+def test_a_failing_probe_warns_and_the_size_rules_decide():
+    def broken() -> Probe:
+        raise RuntimeError("cholesky failed")
+
+    assert needs_probe("regression", 12_000, 9)
+    with pytest.warns(UserWarning, match="probe of the data failed .cholesky failed"):
+        choice, _ = pick("regression", 12_000, 9, num_classes=None, options={}, probe=broken)
+    assert choice.method == "cagp-opt"
+    choice, _ = pick("regression", 12_000, 9, num_classes=None, options={},
+                     probe=lambda: _probe(0.2))
+    assert choice.method == "svgp"
+
+
+def test_cli_auto_probes_noisy_data_and_picks_svgp(tmp_path, caplog):
+    """`gpscale fit` without --method on 2,500 noisy rows of a smooth 5-D function: the probe
+    runs (its time in metrics.json), finds ρ far below PROBE_RATIO_MIN and SVGP trains."""
+    rng = np.random.default_rng(4)
+    x = rng.uniform(size=(2800, 5))
+    y = np.sin(2 * x[:, 0]) + x[:, 1] + rng.normal(scale=0.5, size=2800)
+    path = tmp_path / "noisy.csv"
+    np.savetxt(path, np.column_stack([x, y]), delimiter=",", header="a,b,c,d,e,y",
+               comments="")
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="gpscale.fit"):
+        assert main(["fit", "--data", str(path), "--target", "y", "--epochs", "2",
+                     "--out", str(out), "--no-progress"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["method"] == "svgp" and metrics["auto_time_s"] > 0
+    reason = next(r.getMessage() for r in caplog.records
+                  if r.getMessage().startswith("method auto:"))
+    assert "probe: an exact GP on 1,000 points" in reason and ": svgp" in reason

@@ -446,7 +446,7 @@ def test_kernel_rounds_on_a_subset_then_condition_on_all_points(monkeypatch):
 
 def test_fit_plan_names_the_learning_subset():
     """``gpscale fit`` says when the kernel rounds see a subset, and how to see all."""
-    from gpscale.benchmarks.runner import plan_text
+    from gpscale.run import plan_text
 
     config = FitConfig(max_time=300)
     assert "4,000 random points of 20,000" in plan_text("iterncgp", config, {}, 20_000, 10)

@@ -251,7 +251,7 @@ def _lengthscales(model: torch.nn.Module) -> list[float]:
 @pytest.mark.parametrize("key", _LENGTHSCALE_KEYS)
 def test_one_initial_lengthscale_per_input(key):
     """``-o lengthscale=a,b`` sets one ARD lengthscale per input (it raised a TypeError from
-    ``float(list)`` before session 32); a wrong count is a ValueError naming d."""
+    ``float(list)`` before commit 893716b (2026-11-26)); a wrong count is a ValueError naming d."""
     x, y, _ = toy_problem(n=64)
     options = SMALL_OPTIONS.get(key, {})
     model = build(key, 2, init=(x, y), **options, lengthscale=[0.5, 2.0])

@@ -12,16 +12,17 @@ Each run may take the default budget (300 s): the whole module takes up to ~45 m
 
 Why n = 3,000 and not the issue's 8,000: the reference must itself be trained with its defaults,
 and the exact GP (Cholesky, float64) costs 49 s per epoch at n = 8,000 on a 2-core machine (before
-session 31's faster backward pass), so in its 300 s budget it stopped after 6–7 epochs at test
-RMSE 1.04 (the mean is 1.6); at n = 3,000 its L-BFGS defaults converge in the budget.
+the faster backward pass of commit 4ebbc67, 2026-11-26), so in its 300 s budget it stopped after
+6–7 epochs at test RMSE 1.04 (the mean is 1.6); at n = 3,000 its L-BFGS defaults converge in
+the budget.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gpscale.benchmarks.runner import RunSpec, run_metrics
 from gpscale.methods import METHODS
+from gpscale.run import RunSpec, run_metrics
 
 pytestmark = pytest.mark.slow
 NUM_TRAIN = 3000
@@ -47,9 +48,10 @@ def exact_rmse() -> float:
     return metrics["test_rmse"]
 
 
-# Since session 31 the exact GP trains with L-BFGS and converges here (RMSE 0.1252 in y's units,
-# before: 0.1425 unconverged with Adam). SoftKI's default at lr 0.01 was 19% behind it (0.1484);
-# at its lr 0.03 default (session 32) 0.1369, inside the 10% (BENCHMARKS defaults, relevant32).
+# Since commit 4ebbc67 (2026-11-26) the exact GP trains with L-BFGS and converges here (RMSE
+# 0.1252 in y's units, before: 0.1425 unconverged with Adam). SoftKI's default at lr 0.01 was
+# 19% behind it (0.1484); at its lr 0.03 default (2026-11-26, 893716b) 0.1369, inside the 10%
+# (BENCHMARKS defaults, relevant32).
 @pytest.mark.parametrize("key", KEYS)
 def test_defaults_reach_the_exact_gp(key, exact_rmse):
     metrics = _fit(key)

@@ -204,7 +204,7 @@ def test_training_from_a_prefitted_start_is_capped_at_prefit_max_lr(lr, trained_
 
 
 def test_plan_line_names_the_prefit_learning_rate_only_when_a_prefit_runs():
-    from gpscale.benchmarks.runner import plan_text
+    from gpscale.run import plan_text
 
     config = METHOD_DEFAULTS["cagp-opt"]
     above = plan_text("cagp-opt", config, {}, prefit_module.AUTO_PREFIT_MIN_POINTS + 1)
@@ -272,3 +272,22 @@ def test_a_start_whose_gram_the_training_dtype_cannot_factor_is_not_used(monkeyp
     assert checked == [(pytest.approx(0.02), torch.float32)]
     assert float(model.likelihood.noise) == pytest.approx(0.1 * float(y.float().var()), rel=1e-4)
     assert model.max_start_lr is None
+
+
+def test_a_prefit_at_the_noise_floor_gives_a_noise_the_options_accept(monkeypatch):
+    """At GPyTorch's floor the noise can read back a hair below it (the constraint's bound is
+    a float32 buffer: 9.9999997e-05 plus the softplus's remainder); the pre-fit returns the
+    floor itself, so the method's noise option (minimum 1e-4) takes it. Kin40k's CaGP-Opt run
+    failed there with "option noise=9.999999747415857e-05 is invalid"."""
+    from gpscale.methods.options import GPYTORCH_NOISE_FLOOR
+    from gpscale.methods.registry import get_spec
+
+    observed = 9.999999747415857e-05  # what Kin40k's held-out choice returned
+    monkeypatch.setattr(prefit_module, "validated_noise", lambda *_: observed)
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(600, 3, generator=g, dtype=torch.float64)
+    y = torch.sin(3 * x[:, 0]) + x[:, 1] * x[:, 2]
+    found = exact_prefit(x, y, kernel="matern32", ard=True, size=300, seed=0)
+    assert found["noise"] >= GPYTORCH_NOISE_FLOOR
+    assert math.isfinite(found["heldout_mse"])
+    get_spec("cagp-opt").resolve({"noise": found["noise"]})

@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from gpscale.benchmarks import runner
+from gpscale import run as runner
 from gpscale.benchmarks.memory import peak_memory_mb, peak_rss_mb, reset_peak_rss
 from gpscale.benchmarks.plots import curve_rows, plot_curves, write_curves_csv
 from gpscale.benchmarks.report import markdown_table, write_results
-from gpscale.benchmarks.runner import RunSpec
 from gpscale.errors import NonFiniteLossError
 from gpscale.methods.registry import build
+from gpscale.run import RunSpec
 
 __all__ = ["run", "plan", "BUDGET_S", "PAPER_NLL", "memory_rows"]
 

@@ -15,12 +15,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gpscale.benchmarks import runner
+from gpscale import run as runner
 from gpscale.benchmarks.report import write_results
-from gpscale.benchmarks.runner import RunSpec
 from gpscale.data.datasets import get_entry
 from gpscale.methods import METHODS
 from gpscale.methods.auto import GRID_MAX_DIMS
+from gpscale.run import RunSpec
 
 __all__ = ["run", "REGRESSION_SETS", "CLASSIFICATION_SETS"]
 

@@ -47,13 +47,13 @@ import scipy.optimize
 import torch
 from torch import Tensor
 
-from gpscale.benchmarks import runner
+from gpscale import run as runner
 from gpscale.benchmarks.memory import peak_memory_mb
 from gpscale.benchmarks.plots import curve_rows, plot_curves, write_curves_csv
 from gpscale.benchmarks.report import write_results
-from gpscale.benchmarks.runner import RunSpec
 from gpscale.data import load_dataset, synthetic
 from gpscale.kernels import kernel_hyperparameters
+from gpscale.run import RunSpec
 from gpscale.training import FitConfig
 from gpscale.training.harness import build_method
 

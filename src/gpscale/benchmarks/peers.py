@@ -15,9 +15,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gpscale.benchmarks import runner
+from gpscale import run as runner
 from gpscale.benchmarks.report import write_results
-from gpscale.benchmarks.runner import RunSpec
+from gpscale.run import RunSpec
 
 __all__ = ["run", "PLAN", "MAX_TIME"]
 

@@ -4,7 +4,7 @@
 harness (rank 0's parameters are broadcast), keeps only its shard of the training set, trains
 with the :class:`~gpscale.training.parallel.DataParallel` hook, predicts the test set in shards,
 and rank 0 writes ``metrics.json``, ``history.csv/json`` and ``model.pt`` exactly as
-``gpscale fit`` does (:mod:`gpscale.benchmarks.runner`).
+``gpscale fit`` does (:mod:`gpscale.run`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpscale.benchmarks.runner import (
-    RunSpec,
-    fit_config,
-    load_data,
-    resolve_auto,
-    write_outputs,
-    write_partial,
-)
 from gpscale.distributed.env import DEFAULT_TIMEOUT, current, init_from_env
 from gpscale.distributed.reduce import (
     all_gather_rows,
@@ -40,6 +32,14 @@ from gpscale.methods import ggp_sharded as dggp
 from gpscale.methods.base import Method
 from gpscale.methods.cagp import CaGP
 from gpscale.methods.ski import GGP
+from gpscale.run import (
+    RunSpec,
+    fit_config,
+    load_data,
+    resolve_auto,
+    write_outputs,
+    write_partial,
+)
 from gpscale.training import Evaluate
 from gpscale.training.harness import build_method, cast, train_built
 from gpscale.training.parallel import DataParallel

@@ -79,9 +79,9 @@ def measure(path: str, method: str, field: dict[str, Any], *, max_time: float | 
             predict_rows: int = PREDICT_ROWS, device: str | None = None) -> dict[str, Any]:
     """One row of the suite, in this process (call it through ``peak_memory_mb``); with a
     CUDA ``device`` the run trains and predicts there (``gpscale fit --device``)."""
-    from gpscale.benchmarks import runner
-    from gpscale.benchmarks.runner import RunSpec
+    from gpscale import run as runner
     from gpscale.data.synthetic import FieldStream
+    from gpscale.run import RunSpec
 
     target = "-1" if path.endswith(".npy") else "y"  # an .npy array has no column names
     spec = RunSpec(method=method, csv=path, target=target, progress=False, max_time=max_time,

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import gpscale.methods.softki  # noqa: F401  (registers the key "softki")
-from gpscale.benchmarks import runner
+from gpscale import run as runner
 from gpscale.benchmarks.report import write_results
-from gpscale.benchmarks.runner import RunSpec
+from gpscale.run import RunSpec
 
 __all__ = ["run", "PLAN", "DATASETS", "MAX_TIME"]
 

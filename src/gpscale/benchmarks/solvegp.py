@@ -26,9 +26,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gpscale.benchmarks import runner
+from gpscale import run as runner
 from gpscale.benchmarks.report import write_results
-from gpscale.benchmarks.runner import RunSpec
+from gpscale.run import RunSpec
 
 __all__ = ["run", "REGRESSION", "CLASSIFICATION", "EPOCHS", "MAX_TIME", "MNIST_EPOCHS",
            "MNIST_MAX_TIME"]

@@ -205,10 +205,10 @@ def _env_number(name: str, default: Any, kind: type = int) -> Any:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from gpscale.benchmarks.runner import RunSpec
     from gpscale.cli.outputs import claim_fit_outputs
     from gpscale.distributed.env import DEFAULT_TIMEOUT, DistributedError
     from gpscale.methods.registry import get_spec
+    from gpscale.run import RunSpec
     from gpscale.training.interrupt import graceful_interrupt, requested
 
     if args.data is not None and args.method != "auto":
@@ -272,7 +272,7 @@ def _fit_metrics(spec: Any, nproc: int, world_size: int, timeout: float
                  ) -> dict[str, Any] | None:
     """Run ``spec`` in this process, in ``nproc`` local processes or as a torchrun rank;
     the metrics (``None`` on a torchrun rank other than 0)."""
-    from gpscale.benchmarks.runner import run
+    from gpscale.run import run
 
     if nproc > 1:
         from gpscale.benchmarks.rank import run_rank

@@ -67,10 +67,10 @@ compiled: 0.42 / 1.51 s at d = 26, 1.62 / 2.03 s at d = 256, 2.74 / 2.62 s at d 
 DENSE_MAX_DIMS = 384
 """Input dimensions up to which ``kernel_matmul``'s 'auto' takes :func:`dense_product`: its
 distances cost O(d) per entry in scalar loops, the compiled tiles' a GEMM. K(x1, x2) V with
-2,000 × 8,000 points and 10 right-hand sides (float32, session 42): native 0.01 / 0.15 / 0.14–0.23
-/ 0.31–0.42 s at d = 8 / 128 / 256 / 384, compiled 0.29 / 0.36 / 0.60–0.87 / 0.80–0.85 s; at
-d = 512 0.29–0.64 against 0.25–0.33 s, at d = 784 (MNIST's pixels) 0.54–0.76 against
-0.38–0.46 s."""
+2,000 × 8,000 points and 10 right-hand sides (float32, commit 504c692 of 2026-11-27): native
+0.01 / 0.15 / 0.14–0.23 / 0.31–0.42 s at d = 8 / 128 / 256 / 384, compiled 0.29 / 0.36 /
+0.60–0.87 / 0.80–0.85 s; at d = 512 0.29–0.64 against 0.25–0.33 s, at d = 784 (MNIST's pixels)
+0.54–0.76 against 0.38–0.46 s."""
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # annotations only: gpscale.linalg.grid re-exports this module's names
-    from gpscale.linalg.grid import Interpolation
+if TYPE_CHECKING:
+    from gpscale.linalg.interpolation import Interpolation
 
 __all__ = ["MAX_GROUP", "GramStencil", "cell_blocks", "pair_offsets"]
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # annotations only: gpscale.linalg.grid re-exports this module's names
-    from gpscale.linalg.grid import Grid, Interpolation
+if TYPE_CHECKING:
+    from gpscale.linalg.interpolation import Grid, Interpolation
 
 __all__ = ["PROFILES", "GridKernel", "grid_kernel"]
 

@@ -10,14 +10,21 @@ regression             n ≤ 2,000 (n×n fits in memory)   ``exact``: the refere
 regression             d ≤ 3                            ``ggp``: grid interpolation, each solver
                                                         iteration O(m log m) whatever n is; equal
                                                         to the exact GP's RMSE on 2-D fields
-regression             n ≤ 50,000                       ``cagp-opt``: best or near-best test NLL
-                                                        and RMSE at this size (Parkinsons NLL
-                                                        −3.40 vs SVGP −2.01; relevant32 RMSE
-                                                        0.115, the best key); above 10,000
-                                                        points it starts from an exact-GP
-                                                        pre-fit and beats SOLVE-GP's defaults on
-                                                        Elevators, Bike, Kin40k and Protein
-                                                        (behind on a smooth 8-D field)
+regression             n ≤ 50,000, probe ratio          ``svgp``: a probe (an exact GP on 1,000
+                       ρ < 1.6                          points, 2–5 s; :class:`Probe`) finds
+                                                        that 512 inducing points miss little
+                                                        beside the error that GP makes; there
+                                                        CaGP-Opt was at most 5.7 % more
+                                                        accurate for 1–9× the time; SVGP
+                                                        converged in 40–140 s
+regression             n ≤ 50,000, otherwise            ``cagp-opt``: best or near-best test NLL
+                                                        and RMSE on targets a small exact GP
+                                                        predicts closely (ρ ≥ 1.6; Parkinsons NLL
+                                                        −3.40 vs SVGP −2.01; Bike RMSE 0.018 vs
+                                                        0.045;
+                                                        relevant32 RMSE 0.115, the best key);
+                                                        above 10,000 points it starts from an
+                                                        exact-GP pre-fit
 regression             larger n                         ``solvegp``: minibatch, two inducing sets;
                                                         SVGP-512's NLL on five UCI sets at
                                                         0.6–0.8× its step time; learns which
@@ -36,16 +43,18 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS, OptionError
 from gpscale.methods.registry import get_spec
 
-__all__ = ["AUTO", "RULES", "Choice", "choose_method", "candidates", "check_options",
-           "resolve_options", "pick",
+__all__ = ["AUTO", "RULES", "Choice", "Probe", "choose_method", "needs_probe", "candidates",
+           "check_options", "resolve_options", "pick", "PROBE_RATIO_MIN",
            "available_memory", "EXACT_MAX_N",
            "GRID_MAX_DIMS", "CAGP_MAX_N", "CAGP_MAX_N_GPU", "ITERNCGP_MAX_NC"]
 
@@ -57,15 +66,14 @@ EXACT_MAX_N = 2_000
 GRID_MAX_DIMS = 3
 """Largest input dimension for grid interpolation (m grows as grid_size^d)."""
 CAGP_MAX_N = 50_000
-"""Largest n for CaGP-Opt (an epoch is O(n²·i): 5 s at 41k points, 17 s at 57k here). With the
-exact-GP pre-fit above 10,000 points (session 33) its defaults beat SOLVE-GP's in the 300 s
-budget on every set between 10k and 50k measured (test NLL, `gpscale fit --dataset D --method
-KEY`): Elevators (15k) 0.428 vs 0.439, Bike (16k) −2.229 vs −1.384, Kin40k (36k) −0.451 vs
-−0.126, Protein (41k) 0.928 vs 0.979; behind on the scale suite's smooth 8-D field (36k) 0.137
-vs 0.074. At KEGGu (57k, 18 epochs in the budget) they tie:
-−0.698 vs −0.703 (SOLVE-GP converged in 71 s against CaGP-Opt's 93 s pre-fit + 300 s), so
-above 50,000 points SOLVE-GP, whose cost per step does not grow with n. Before the pre-fit
-(sessions 28, 31: Elevators 0.443, Protein 1.062) the boundary was 10,000."""
+"""Largest n for CaGP-Opt (an epoch is O(n²·i): 5 s at 41k points, 17 s at 57k here), where the
+probe (:data:`PROBE_RATIO_MIN`) finds a target a small exact GP predicts closely. With the
+exact-GP pre-fit above 10,000 points (commit 4a9a8a4, 2026-11-26) its defaults beat SOLVE-GP's
+in the 300 s budget on Bike (16k; test NLL −2.229 vs −1.384) and Kin40k (36k; −0.451 vs
+−0.126). At KEGGu (57k, 18 epochs in the budget) they tie, −0.698 vs −0.703, and SOLVE-GP
+converged in 71 s against CaGP-Opt's 93 s pre-fit + 300 s: above 50,000 points SOLVE-GP, whose
+cost per step does not grow with n. Before the pre-fit (commits 1d5d85d, 4ebbc67 of 2026-11-26)
+the boundary was 10,000."""
 ITERNCGP_MAX_NC = 200_000
 """Largest n·C (latent function values) for IterNCGP; SVGP beyond."""
 EXACT_MEMORY_COPIES = 4
@@ -79,12 +87,25 @@ epoch is 20–50× cheaper than on the 2-core CPU (issue #43: Protein, 0.21 s ag
 at 4× the CPU's :data:`CAGP_MAX_N` an epoch costs 16× the work, so the GPU fits at least as
 many epochs in the budget as the CPU does at its boundary. Not yet measured on a card."""
 
+PROBE_RATIO_MIN = 1.6
+"""Least probe ratio ρ — the mean Nyström residual of SVGP's 512 inducing points over the
+held-out squared error of an exact GP on 1,000 points, both at that GP's hyperparameters
+(:class:`Probe`) — for which ``auto`` takes CaGP-Opt over SVGP between the exact GP's and
+SOLVE-GP's ranges. Measured with both keys' defaults on twelve sets (BENCHMARKS "auto on the
+clock"): where ρ ≤ 1.42 CaGP-Opt's test RMSE was between 4.8 % worse and 5.7 % better than
+SVGP's, at 1.0–9× its time; where ρ ≥ 1.86 (Kin40k, relevant32, Parkinsons, Bike) 11–82 %
+better at 1.7–2.9× its time. Below the boundary SVGP, which converged in 40–140 s on those
+sets, is the faster key for about the same accuracy. The gap the boundary sits in (1.42 to
+1.86) is narrow: more sets would place it better."""
+
 RULES: tuple[tuple[str, str, str], ...] = (
     ("regression", f"n ≤ {EXACT_MAX_N:,} and n×n fits in memory (on a GPU: any n whose "
                    "matrices fit in its free memory)", "exact"),
     ("regression", f"d ≤ {GRID_MAX_DIMS}", "ggp"),
-    ("regression", f"d > {GRID_MAX_DIMS}, n ≤ {CAGP_MAX_N:,} ({CAGP_MAX_N_GPU:,} on a GPU)",
-     "cagp-opt"),
+    ("regression", f"d > {GRID_MAX_DIMS}, n ≤ {CAGP_MAX_N:,} ({CAGP_MAX_N_GPU:,} on a GPU), "
+                   f"probe ratio ρ < {PROBE_RATIO_MIN:g}", "svgp"),
+    ("regression", f"d > {GRID_MAX_DIMS}, n ≤ {CAGP_MAX_N:,} ({CAGP_MAX_N_GPU:,} on a GPU), "
+                   f"probe ratio ρ ≥ {PROBE_RATIO_MIN:g} or no probe", "cagp-opt"),
     ("regression", f"d > {GRID_MAX_DIMS}, n > {CAGP_MAX_N:,} ({CAGP_MAX_N_GPU:,} on a GPU)",
      "solvegp"),
     ("classification", f"n·C ≤ {ITERNCGP_MAX_NC:,} (C = 1 when binary)", "iterncgp"),
@@ -102,6 +123,50 @@ class Choice:
     reason: str
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What :func:`gpscale.training.probe.inducing_probe` measured on the training data.
+
+    Attributes:
+        noise: the probe's exact GP's noise variance (standardised target).
+        outputscale: its outputscale.
+        residual: mean Nyström residual k(x, x) − k_xZ K_ZZ⁻¹ k_Zx of ``num_inducing``
+            k-means inducing points Z at its hyperparameters.
+        num_inducing: the inducing points.
+        points: the exact GP's training points.
+        seconds: the probe's time.
+        error: the exact GP's mean squared error on up to 500 other training points.
+    """
+
+    noise: float
+    outputscale: float
+    residual: float
+    num_inducing: int
+    points: int
+    seconds: float
+    error: float = math.nan
+
+    @property
+    def ratio(self) -> float:
+        """ρ = residual / error (the noise where no held-out error was measured): how far what
+        the inducing points miss exceeds what a small exact GP already gets wrong."""
+        scale = self.error if math.isfinite(self.error) else self.noise
+        return self.residual / scale
+
+    @property
+    def gain(self) -> float:
+        """√(1 + ρ) − 1: a rough scale of the relative RMSE a closer-to-exact method could gain
+        over the inducing points (their error ≈ the exact GP's plus the residual)."""
+        return math.sqrt(1.0 + self.ratio) - 1.0
+
+    def describe(self) -> str:
+        """One line: ``an exact GP on 1,000 points (3 s): held-out error 0.15 (noise 0.136),
+        residual of 512 inducing points 0.0077, ρ = 0.051``."""
+        return (f"an exact GP on {self.points:,} points ({self.seconds:.0f} s): held-out "
+                f"error {self.error:.3g} (noise {self.noise:.3g}), residual of "
+                f"{self.num_inducing} inducing points {self.residual:.3g}, ρ = {self.ratio:.3g}")
+
+
 def available_memory() -> int | None:
     """Bytes of memory available now (Linux ``sysconf``), or ``None`` where unknown."""
     try:
@@ -111,7 +176,8 @@ def available_memory() -> int | None:
 
 
 def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
-                  memory: int | None = None, device: Any = None) -> Choice:
+                  memory: int | None = None, device: Any = None,
+                  probe: Probe | None = None) -> Choice:
     """The method ``"auto"`` stands for on ``n`` points with ``d`` inputs (module table).
 
     On a GPU (``device`` a CUDA ``torch.device``) regression takes the exact GP as far as its
@@ -125,6 +191,9 @@ def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
         memory: bytes available; ``None`` reads the device's (the GPU's free memory, else
             :func:`available_memory`).
         device: where the method will train (``None``: the CPU).
+        probe: the data's :class:`Probe`, used where the size rules give CaGP-Opt
+            (:func:`needs_probe`): below :data:`PROBE_RATIO_MIN` SVGP instead. Without one
+            the size rules alone decide.
     """
     if n < 1 or d < 1:
         raise ValueError(f"method 'auto' needs data: got n={n}, d={d}")
@@ -144,7 +213,7 @@ def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
         raise ValueError(f"unknown task {task!r}; expected regression, classification or counts")
     gpu = device is not None and getattr(device, "type", None) == "cuda"
     if gpu:
-        return _choose_on_gpu(n, d, memory, device)
+        return _choose_on_gpu(n, d, memory, device, probe)
     memory = available_memory() if memory is None else memory
     dense_bytes = EXACT_MEMORY_COPIES * 8 * n * n
     fits = memory is None or dense_bytes <= memory // 2
@@ -154,10 +223,11 @@ def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
         why = f"n = {n:,} but {dense_bytes / 2**30:.1f} GiB of dense matrices do not fit; "
     else:
         why = f"n = {n:,} > {EXACT_MAX_N:,} (exact is O(n³)); "
-    return _beyond_exact(why, n, d, CAGP_MAX_N)
+    return _beyond_exact(why, n, d, CAGP_MAX_N, probe)
 
 
-def _choose_on_gpu(n: int, d: int, memory: int | None, device: Any) -> Choice:
+def _choose_on_gpu(n: int, d: int, memory: int | None, device: Any,
+                   probe: Probe | None) -> Choice:
     """Regression on a GPU: exact while its float64 matrices fit, then as on the CPU with
     CaGP-Opt's bound :data:`CAGP_MAX_N_GPU`."""
     from gpscale.devices import DENSE_COPIES, device_memory
@@ -171,23 +241,34 @@ def _choose_on_gpu(n: int, d: int, memory: int | None, device: Any) -> Choice:
                                "GiB of float64 matrices fit in the GPU's free memory")
     why = (f"n = {n:,} on {device}: the exact GP's {dense_bytes / 2**30:.1f} GiB of matrices "
            f"exceed the GPU's {memory / 2**30:.1f} GiB free; ")
-    return _beyond_exact(why, n, d, CAGP_MAX_N_GPU)
+    return _beyond_exact(why, n, d, CAGP_MAX_N_GPU, probe)
 
 
-def _beyond_exact(why: str, n: int, d: int, cagp_max_n: int) -> Choice:
-    """Regression where the exact GP does not fit: grid, CaGP-Opt or SOLVE-GP."""
+def _beyond_exact(why: str, n: int, d: int, cagp_max_n: int, probe: Probe | None) -> Choice:
+    """Regression where the exact GP does not fit: grid, SVGP, CaGP-Opt or SOLVE-GP."""
     if d <= GRID_MAX_DIMS:
         return Choice("ggp", why + f"d = {d} ≤ {GRID_MAX_DIMS}: ggp (grid interpolation, "
                                    "solver cost independent of n)")
     if n <= cagp_max_n:
-        slower = ("" if n <= AUTO_PREFIT_MIN_POINTS else "; it uses its whole time budget after "
-                  "an exact-GP pre-fit, --method solvegp converges sooner")
-        return Choice("cagp-opt", why + f"d = {d} > {GRID_MAX_DIMS} and n ≤ {cagp_max_n:,}: "
-                                        "cagp-opt (computation-aware, most accurate at this "
-                                        f"size{slower})")
-    # Not softki yet: with ARD-scaled softmax distances (session 25) it leads SVGP-512 on the
-    # five UCI sets of its suite and learns relevant32, but its defaults have not been through
-    # the full `bench defaults` suite against SOLVE-GP's.
+        band = f"d = {d} > {GRID_MAX_DIMS} and n ≤ {cagp_max_n:,}"
+        if probe is not None and probe.ratio < PROBE_RATIO_MIN:
+            return Choice("svgp", why + f"{band}; probe: {probe.describe()} < "
+                                        f"{PROBE_RATIO_MIN:g}: svgp (minibatch, it converged in "
+                                        "1–2.5 minutes at 5,000–41,000 points); cagp-opt would "
+                                        "take up "
+                                        "to its whole time budget for a few percent lower "
+                                        "RMSE where the inducing points miss little beside the "
+                                        f"error a small exact GP makes (scale: "
+                                        f"~{probe.gain:.0%})")
+        seen = "" if probe is None else (f"; probe: {probe.describe()} ≥ {PROBE_RATIO_MIN:g}: "
+                                         "the inducing points' error would dominate")
+        slower = ("" if n <= AUTO_PREFIT_MIN_POINTS else "; it may use its whole time budget "
+                  "after an exact-GP pre-fit, --method svgp converges sooner")
+        return Choice("cagp-opt", why + f"{band}{seen}: cagp-opt (computation-aware, most "
+                                        f"accurate at this size{slower})")
+    # Not softki yet: with ARD-scaled softmax distances (commit 1862a52, 2026-11-25) it leads
+    # SVGP-512 on the five UCI sets of its suite and learns relevant32, but its defaults have
+    # not been through the full `bench defaults` suite against SOLVE-GP's.
     return Choice("solvegp", why + f"d = {d} > {GRID_MAX_DIMS} and n > {cagp_max_n:,}: solvegp "
                                    "(minibatch, two inducing sets)")
 
@@ -231,12 +312,29 @@ def resolve_options(choice: Choice, options: Mapping[str, Any]) -> dict[str, Any
                           "name a method to use these options") from None
 
 
+def needs_probe(task: str, n: int, d: int, *, num_classes: int | None = None,
+                memory: int | None = None, device: Any = None) -> bool:
+    """Whether a :class:`Probe` of the data can change the choice: where the size rules alone
+    give CaGP-Opt."""
+    return choose_method(task, n, d, num_classes=num_classes, memory=memory,
+                         device=device).method == "cagp-opt"
+
+
 def pick(task: str, n: int, d: int, *, num_classes: int | None,
-         options: Mapping[str, Any], device: Any = None) -> tuple[Choice, dict[str, Any]]:
-    """What ``gpscale fit`` and the estimators do for ``"auto"``: check ``options``, choose
-    the method for ``device`` (``None``: the CPU), log its reason on ``gpscale.fit`` and type
-    the options for it."""
+         options: Mapping[str, Any], device: Any = None,
+         probe: Callable[[], Probe] | None = None) -> tuple[Choice, dict[str, Any]]:
+    """What ``gpscale fit`` and the estimators do for ``"auto"``: check ``options``, run
+    ``probe`` where it can change the choice (:func:`needs_probe`), choose the method for
+    ``device`` (``None``: the CPU), log its reason on ``gpscale.fit`` and type the options for
+    it. A probe that fails warns, naming the error, and the size rules decide."""
     check_options(task, options)
-    choice = choose_method(task, n, d, num_classes=num_classes, device=device)
+    measured = None
+    if probe is not None and needs_probe(task, n, d, num_classes=num_classes, device=device):
+        try:
+            measured = probe()
+        except (RuntimeError, ValueError) as err:  # a hint only: recover
+            warnings.warn(f"method auto: the probe of the data failed ({err}); choosing by "
+                          "n and d alone", stacklevel=2)
+    choice = choose_method(task, n, d, num_classes=num_classes, device=device, probe=measured)
     log.info("method auto: %s", choice.reason)
     return choice, resolve_options(choice, options)

@@ -1,7 +1,7 @@
 """The one path from training data to a trained model: build → fit → finalise → condition.
 
 Every caller goes through these two functions — ``gpscale fit`` and the benchmark suites
-(``benchmarks.runner``), the scikit-learn estimators and each rank of a data-parallel run
+(:mod:`gpscale.run`), the scikit-learn estimators and each rank of a data-parallel run
 (``benchmarks.rank``, which shards the data between the two):
 
 1. :func:`build_method` builds the method from the registry under a forked, seeded RNG (so the

@@ -1,0 +1,343 @@
+"""The user's run — what ``gpscale fit`` does — on one dataset: spec → data → method choice
+(``auto``) → training → evaluation → outputs. The benchmark suites (:mod:`gpscale.benchmarks`)
+sit on top of it. (It lived in ``gpscale.run`` before 0.2.0, which still
+re-exports it.)
+
+``run(RunSpec(...))`` loads the data (standardised with training statistics), builds and trains
+the method through :mod:`gpscale.training.harness` (test metrics every ``eval_every`` epochs,
+outside the training clock), evaluates the final model and, with ``out``, writes
+``metrics.json``, ``history.csv``, ``history.json`` and ``model.pt`` there. All metrics are on the
+standardised target scale, as the papers report them. ``metrics.json`` is strict JSON: a
+non-finite metric is written as ``null``. ``model.pt`` holds the training data only for methods
+that condition on it to predict (``needs_data_for_prediction``); it records the names of the
+raw input columns (the CSV header's, else ``x0..x{d-1}``) so that ``gpscale predict`` matches
+columns by name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpscale.data import Dataset, load_csv, load_dataset
+from gpscale.data.datasets import get_entry
+from gpscale.data.options import check_data_options
+from gpscale.devices import on_cpu_after_oom
+from gpscale.distributions import Predictive
+from gpscale.errors import NonFiniteLossError
+from gpscale.files import atomic_write
+from gpscale.io import save
+from gpscale.methods import auto
+from gpscale.methods.auto import AUTO
+from gpscale.methods.base import Method, module_device
+from gpscale.methods.registry import get_spec
+from gpscale.metrics import json_safe
+from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
+from gpscale.training.harness import cast, train_method
+from gpscale.training.laplace import learning_points
+from gpscale.training.prefit import exact_prefit_wanted
+from gpscale.training.probe import inducing_probe
+
+__all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_test",
+           "write_outputs", "write_partial", "feature_names", "resolve_auto"]
+
+log = logging.getLogger("gpscale.benchmarks")  # its one warning is about a suite's run
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to train and how; ``None`` fields take the method's defaults.
+
+    Attributes:
+        method: registry key (``gpscale methods`` lists them).
+        dataset: dataset name (``gpscale datasets``); or ``csv`` with ``target``.
+        csv: path of a user CSV file (instead of ``dataset``).
+        target: the CSV's target column (name or index).
+        task: task of a CSV dataset (regression, classification, counts).
+        split, seed: data split and seed (seed also drives initialisation and shuffling).
+        epochs, lr, batch_size, optimizer, max_time, scheduler: training overrides.
+        preset: the training defaults these override: ``"default"`` (stop on convergence
+            within a time budget) or ``"paper"`` (the fixed epochs of the benchmark suites).
+        eval_every: epochs between test evaluations during training; 0 evaluates only at the end.
+        dtype: ``"float32"`` or ``"float64"``; ``None`` takes the method's default.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``; ``None`` is the CPU.
+        options: method options (``num_inducing``, ``kernel``, ...).
+        dataset_options: keyword arguments for the dataset loader (e.g. ``n`` of a generator).
+        out: folder for metrics.json, history.csv/json and model.pt.
+        checkpoint: checkpoint path; a killed run resumes from it.
+        progress: progress bar (``None``: only on a terminal).
+    """
+
+    method: str
+    dataset: str | None = None
+    csv: str | None = None
+    target: str | None = None
+    task: str = "regression"
+    split: int = 0
+    seed: int = 0
+    epochs: int | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    optimizer: str | None = None
+    max_time: float | None = None
+    scheduler: str | None = None
+    preset: str = "default"
+    eval_every: int = 0
+    dtype: str | None = None
+    device: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    out: str | None = None
+    checkpoint: str | None = None
+    progress: bool | None = None
+
+    def __post_init__(self):
+        if (self.dataset is None) == (self.csv is None):
+            raise ValueError("give exactly one of a dataset name or a CSV file")
+        if self.csv is not None and self.target is None:
+            raise ValueError("a CSV file needs --target COLUMN (a name or an index)")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be ≥ 0; got {self.eval_every}")
+        if self.dataset is not None:  # an unknown name or option: ValueError listing the valid
+            entry = get_entry(self.dataset)  # ones (split and seed are fields of their own)
+            object.__setattr__(self, "dataset_options", check_data_options(
+                entry.name, entry.options, self.dataset_options))
+        # Unknown method: ValueError listing valid ones; options checked against the
+        # method's declaration and typed ("32" from the command line becomes 32). "auto"
+        # is resolved once the data are loaded (resolve_auto), its options checked then.
+        if self.method != AUTO:
+            typed = get_spec(self.method).resolve(self.options, fill_defaults=False)
+            object.__setattr__(self, "options", typed)
+        else:
+            task = get_entry(self.dataset).task if self.dataset is not None else self.task
+            auto.check_options(task, self.options)
+
+
+@dataclass
+class RunResult:
+    """Metrics, history and the trained model of one run."""
+
+    metrics: dict[str, Any]
+    history: History
+    model: Method
+    data: Dataset
+
+
+def load_data(spec: RunSpec) -> Dataset:
+    if spec.csv is not None:  # a target of digits is a column name first, else an index
+        return load_csv(spec.csv, str(spec.target), task=spec.task, seed=spec.split)
+    return load_dataset(spec.dataset, split=spec.split, seed=spec.seed, **spec.dataset_options)
+
+
+def resolve_auto(spec: RunSpec, data: Dataset) -> RunSpec:
+    """``spec`` with ``method="auto"`` replaced by the key :func:`choose_method` picks for
+    ``data`` (its reason logged on ``gpscale.fit``); any other spec unchanged."""
+    if spec.method != AUTO:
+        return spec
+    device = FitConfig(device=spec.device or "cpu").torch_device
+    choice, options = auto.pick(data.task, data.num_train, data.num_dims,
+                                num_classes=data.num_classes, options=spec.options,
+                                device=device,
+                                probe=lambda: inducing_probe(data.x_train, data.y_train,
+                                                             seed=spec.seed))
+    return replace(spec, method=choice.method, options=options)
+
+
+def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
+    """The method's default training options with the spec's overrides applied, and its dtype."""
+    config = resolve_fit_config(
+        spec.method, num_train, preset=spec.preset, dtype=spec.dtype, epochs=spec.epochs,
+        lr=spec.lr, batch_size=spec.batch_size, optimizer=spec.optimizer,
+        max_time=spec.max_time, scheduler=spec.scheduler, seed=spec.seed,
+        checkpoint=spec.checkpoint, progress=spec.progress, eval_every=spec.eval_every or None,
+        device=spec.device)
+    return config, config.torch_dtype
+
+
+def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = None,
+              num_train: int | None = None, num_latents: int = 1) -> str:
+    """One line saying how ``method`` will train: budget, schedule, stopping rule (and the
+    pre-fit's learning rate when ``num_train`` points call for a pre-fit, or are not given;
+    IterNCGP: the points its kernel rounds see, for ``num_latents`` latent functions)."""
+    opts = get_spec(method).resolve(options or {})
+    if "kernel_rounds" in opts:  # IterNCGP: no gradient training, kernel learning or none
+        variational = opts.get("inference", "laplace") == "variational"
+        posterior = "variational" if variational else "Laplace"
+        if not opts["learn_kernel"]:
+            return (f"{method}: conditioning once with a fixed kernel, {posterior} posterior "
+                    "(nothing to train; -o learn_kernel=true learns the kernel)")
+        objective = opts.get("kernel_objective", "elbo")
+        if objective == "auto":
+            objective = "variational" if variational else "elbo"
+        objective = {"variational": "the evidence lower bound of the variational posterior",
+                     "elbo": "the computation-aware Laplace evidence",
+                     "projected": "the projected pseudo-target likelihood"}[objective]
+        limit = "" if config.max_time is None else f" or {config.max_time:g} s"
+        points = (None if num_train is None
+                  else learning_points(opts.get("learn_points"), num_train, num_latents))
+        subset = ("" if points is None or points >= num_train else
+                  f" on {points:,} random points of {num_train:,}, then conditioning on all "
+                  "(-o learn_points=0: rounds on all; ")
+        return (f"{method}: learning the kernel on {objective}, at most "
+                f"{opts['kernel_rounds']} rounds{limit} of L-BFGS steps and Newton "
+                f"restarts{subset or ' ('}-o learn_kernel=false keeps a fixed kernel: given or "
+                "SVGP pre-fitted)")
+    budget = f"{config.epochs} epochs"
+    if config.max_time is not None:
+        budget += f" or {config.max_time:g} s"
+    batch = "full batch" if config.batch_size is None else f"batches of {config.batch_size:,}"
+    if config.batch_size is not None and config.torch_device.type == "cuda":
+        batch += f" sized for {config.torch_device} (--batch-size)"
+    floor = config.lr * config.lr_end_factor
+    rule = {"plateau": f"lr {config.lr:g} lowered x{config.plateau_factor:g} on each loss "
+                       f"plateau, stopping when converged (lr below {floor:g}"
+                       + (", or a steady plateau within the loss's noise)"
+                          if config.noise_plateau and config.batch_size is None else ")"),
+            "linear": f"lr {config.lr:g} decaying linearly over the epochs",
+            "budget": f"lr {config.lr:g} decaying linearly over the budget",
+            "none": f"constant lr {config.lr:g}"}[config.scheduler]
+    prefit = (opts.get("prefit") in ("auto", "exact") if num_train is None
+              else exact_prefit_wanted(opts, num_train))
+    if prefit and config.lr > opts["prefit_max_lr"]:
+        rule += f"; lr {opts['prefit_max_lr']:g} from an exact-GP pre-fit on a subset"
+    return (f"{method}: training for at most {budget} ({config.optimizer}, {batch}, "
+            f"{config.dtype}; {rule}); --epochs / --max-time change the budget")
+
+
+def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,
+                 x_test: torch.Tensor, state: Any = None, *,
+                 cpu_fallback: bool = True) -> Predictive:
+    """Condition on the training data (unless ``state`` is given) and predict at ``x_test``
+    without gradients, on the model's device; the predictive comes back on the CPU. Where a GPU
+    runs out of memory, the model moves to the CPU and conditions and predicts there
+    (:func:`~gpscale.devices.on_cpu_after_oom`) unless not ``cpu_fallback`` (an
+    evaluation during training, whose optimiser stays on the GPU)."""
+    on = module_device(model)
+
+    def compute(device: torch.device) -> Predictive:
+        with torch.no_grad():
+            given = state if device == on else None  # a state on the GPU stays there
+            conditioned = model.posterior(x.to(device), y.to(device)) if given is None else given
+            return model.predict(conditioned, x_test.to(device)).to("cpu")
+
+    if not cpu_fallback:
+        return compute(on)
+    return on_cpu_after_oom(compute, model, "predicting the test points")
+
+
+def run(spec: RunSpec) -> RunResult:
+    """Train and evaluate ``spec.method`` on the spec's data; see the module docstring."""
+    data = load_data(spec)
+    tic = time.perf_counter()
+    chosen = resolve_auto(spec, data)
+    choice_time = {"auto_time_s": time.perf_counter() - tic} if chosen != spec else {}
+    spec = chosen
+    config, dtype = fit_config(spec, data.num_train)
+    latents = data.num_classes if (data.num_classes or 0) > 2 else 1
+    logging.getLogger("gpscale.fit").info(plan_text(spec.method, config, spec.options,
+                                                    data.num_train, latents))
+    x, y = cast((data.x_train, data.y_train), config, data.task)
+    x_test = data.x_test.to(dtype)
+    callbacks = []
+    if spec.eval_every:
+        callbacks.append(Evaluate(lambda m: predict_test(m, x, y, x_test, cpu_fallback=False),
+                                  data.y_test, every=spec.eval_every))
+    try:
+        trained = train_method(spec.method, (x, y), task=data.task,
+                               num_classes=data.num_classes, options=spec.options,
+                               config=config, seed=spec.seed, callbacks=callbacks)
+    except NonFiniteLossError as err:
+        write_partial(spec, err.history)
+        raise
+    model, history = trained.model, trained.history
+    setup_time = trained.setup_time  # e.g. IterNCGP's SVGP hyperparameter pre-fit
+    tic = time.perf_counter()
+    trained_on = module_device(model)
+    pred = predict_test(model, x, y, x_test, trained.state)
+    state = trained.state if module_device(model) == trained_on else None  # moved to the CPU
+    metrics: dict[str, Any] = {
+        "method": spec.method, "dataset": data.name, "n_train": data.num_train,
+        "n_test": data.num_test, "num_dims": data.num_dims, **pred.metrics(data.y_test),
+        "setup_time_s": setup_time, "train_time_s": history.train_time, "epochs": history.epochs,
+        "time_per_epoch_s": history.train_time / max(history.epochs, 1),
+        "predict_time_s": time.perf_counter() - tic, "stopped": history.stopped,
+        "noise": _noise(pred), **choice_time,
+    }
+    if spec.out is not None:
+        write_outputs(spec, metrics, history, model, data, (x, y), state)
+    return RunResult(metrics, history, model, data)
+
+
+def run_metrics(spec: RunSpec) -> dict[str, Any]:
+    """``run(spec).metrics``, or for a run that failed (NonFiniteLossError) a row saying so.
+
+    For benchmark suites: a diverged run is a result, and the suite goes on with the next one.
+    The failure row has ``dataset``, ``method``, ``epochs`` (completed) and ``stopped``.
+    """
+    try:
+        return run(spec).metrics
+    except NonFiniteLossError as err:
+        log.warning("%s on %s stopped: %s", spec.method, spec.dataset, err)
+        return {"dataset": spec.dataset, "method": spec.method, "epochs": err.epoch - 1,
+                "stopped": f"failed in epoch {err.epoch}"}
+
+
+def _noise(pred: Predictive) -> float | None:
+    return None if pred.noise is None else float(pred.noise.double().mean())
+
+
+def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, model: Method,
+                  data: Dataset, train: tuple[torch.Tensor, torch.Tensor],
+                  state: Any = None) -> None:
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "metrics.json", (json.dumps(json_safe(metrics), indent=2,
+                                                   allow_nan=False) + "\n").encode())
+    history.to_csv(out / "history.csv")
+    history.to_json(out / "history.json")
+    transform = None if data.transform is None else data.transform.to_dict()
+    info = {"spec": asdict(spec), "metrics": metrics, "dataset": data.name,
+            "task": data.task, "num_classes": data.num_classes,
+            "classes": data.info.get("classes"), "num_features": _raw_num_features(data),
+            "feature_names": feature_names(data), "target_name": data.info.get("target"),
+            "target_index": data.info.get("target_index"),
+            "num_columns": data.info.get("num_columns")}
+    # Methods whose state needs no data (SVGP, SOLVE-GP's minibatch bound) save none, methods
+    # that summarise it (SoftKI's posterior, GGP's statistics) save the summary: model.pt's size
+    # does not grow with n and it predicts without the training set. The rest keep the data.
+    summary = None if state is None else model.summary(state)
+    keep_data = model.needs_data_for_prediction and summary is None
+    save(model, out / "model.pt", data=train if keep_data else None, summary=summary,
+         transform=transform, info=info)
+    log.info("wrote %s", out)
+
+
+def write_partial(spec: RunSpec, history: History | None) -> None:
+    if spec.out is None or history is None:
+        return
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    history.to_csv(out / "history.csv")
+    history.to_json(out / "history.json")
+
+
+def _raw_num_features(data: Dataset) -> int | None:
+    """Columns of the raw inputs before constant columns were dropped (None if unknown)."""
+    if data.transform is None:
+        return data.num_dims
+    return data.transform.num_input_dims
+
+
+def feature_names(data: Dataset) -> list[str]:
+    """Names of the raw input columns: the CSV header's (or the loader's), else x0..x{d-1}."""
+    d = _raw_num_features(data) or data.num_dims
+    names = data.info.get("columns")
+    if names and data.info.get("header", True) and len(names) == d:
+        return [str(name) for name in names]
+    return [f"x{j}" for j in range(d)]
