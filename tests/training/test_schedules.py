@@ -176,15 +176,17 @@ def test_short_epochs_keep_the_test_per_epoch():
     assert history.stopped == "converged" and history.epochs == 9
 
 
-def test_the_budget_ends_a_long_epoch_after_a_window():
-    data = (torch.zeros(5000, 1), torch.zeros(5000))
+@pytest.mark.parametrize("rows", [5000, 150])  # longer and shorter than a window
+def test_the_budget_ends_an_epoch_at_the_step_that_passes_it(rows):
+    """Not at the next window's end: on 10^6 rows SVGP's windows took 82 s each and the run
+    362 s of its 300."""
+    data = (torch.zeros(rows, 1), torch.zeros(rows))
     config = FitConfig(lr=0.1, epochs=50, batch_size=1, scheduler="none", max_time=1e-6)
     loss, calls = _counting(quadratic_loss)
     history = fit(Quadratic(), loss, data, config)
-    from gpscale.training.schedules import WINDOW_STEPS
-
     assert history.stopped == "time" and history.epochs == 1
-    assert len(calls) == WINDOW_STEPS
+    assert len(calls) == 1
+    assert math.isfinite(history.last("loss"))
 
 
 def _cliff_loss(model, x, y):
