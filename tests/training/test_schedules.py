@@ -178,7 +178,7 @@ def test_short_epochs_keep_the_test_per_epoch():
 
 @pytest.mark.parametrize("rows", [5000, 150])  # longer and shorter than a window
 def test_the_budget_ends_an_epoch_at_the_step_that_passes_it(rows):
-    """Not at the next window's end: on 10^6 rows SVGP's windows took 82 s each and the run
+    """Not at the next window's end: on 10^6 rows of SVGP, on a loaded machine, the run took
     362 s of its 300."""
     data = (torch.zeros(rows, 1), torch.zeros(rows))
     config = FitConfig(lr=0.1, epochs=50, batch_size=1, scheduler="none", max_time=1e-6)
