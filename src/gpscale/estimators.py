@@ -146,8 +146,8 @@ class _GPEstimator(BaseEstimator):
         if x.shape[0] < 2:
             raise ValueError(f"{type(self).__name__} needs at least 2 samples; got "
                              f"n_samples={x.shape[0]}")
-        self.method_, options = self._choose_method(x, y, num_classes)
         seed = _seed(self.random_state)
+        self.method_, options = self._choose_method(x, y, num_classes, seed)
         config = resolve_fit_config(
             self.method_, x.shape[0], dtype=self.dtype, seed=seed, progress=bool(self.progress),
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
@@ -167,8 +167,8 @@ class _GPEstimator(BaseEstimator):
         self._state = trained.state
         self.n_features_in_ = x.shape[1]
 
-    def _choose_method(self, x: torch.Tensor, y: torch.Tensor, num_classes: int | None
-                       ) -> tuple[str, dict[str, Any]]:
+    def _choose_method(self, x: torch.Tensor, y: torch.Tensor, num_classes: int | None,
+                       seed: int) -> tuple[str, dict[str, Any]]:
         """The method key to fit and its typed options: ``method``, or for ``"auto"`` the key
         :func:`~gpscale.methods.auto.choose_method` picks for this data, with the probe of
         :func:`~gpscale.training.probe.inducing_probe` where it decides (its reason logged on
@@ -178,7 +178,6 @@ class _GPEstimator(BaseEstimator):
             return self.method, get_spec(self.method).resolve(self._options,
                                                               fill_defaults=False)
         device = FitConfig(device=self.device or "cpu").torch_device
-        seed = _seed(self.random_state)
         choice, options = auto.pick(self._task, x.shape[0], x.shape[1],
                                     num_classes=num_classes, options=self._options,
                                     device=device,

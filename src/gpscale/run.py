@@ -1,6 +1,6 @@
 """The user's run — what ``gpscale fit`` does — on one dataset: spec → data → method choice
 (``auto``) → training → evaluation → outputs. The benchmark suites (:mod:`gpscale.benchmarks`)
-sit on top of it. (It lived in ``gpscale.run`` before 0.2.0, which still
+sit on top of it. (It lived in ``gpscale.benchmarks.runner`` before 0.2.0, which still
 re-exports it.)
 
 ``run(RunSpec(...))`` loads the data (standardised with training statistics), builds and trains
@@ -45,7 +45,8 @@ from gpscale.training.prefit import exact_prefit_wanted
 from gpscale.training.probe import inducing_probe
 
 __all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_test",
-           "write_outputs", "write_partial", "feature_names", "resolve_auto"]
+           "write_outputs", "write_partial", "feature_names", "resolve_auto", "fit_config",
+           "plan_text"]
 
 log = logging.getLogger("gpscale.benchmarks")  # its one warning is about a suite's run
 

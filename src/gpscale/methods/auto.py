@@ -255,10 +255,9 @@ def _beyond_exact(why: str, n: int, d: int, cagp_max_n: int, probe: Probe | None
             return Choice("svgp", why + f"{band}; probe: {probe.describe()} < "
                                         f"{PROBE_RATIO_MIN:g}: svgp (minibatch, it converged in "
                                         "1–2.5 minutes at 5,000–41,000 points); cagp-opt would "
-                                        "take up "
-                                        "to its whole time budget for a few percent lower "
-                                        "RMSE where the inducing points miss little beside the "
-                                        f"error a small exact GP makes (scale: "
+                                        "take up to its whole time budget for a few percent "
+                                        "lower RMSE where the inducing points miss little "
+                                        "beside the error a small exact GP makes (scale: "
                                         f"~{probe.gain:.0%})")
         seen = "" if probe is None else (f"; probe: {probe.describe()} ≥ {PROBE_RATIO_MIN:g}: "
                                          "the inducing points' error would dominate")

@@ -259,8 +259,10 @@ def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, see
     training points drawn at random (all of them when n ≤ ``size``); with more points than
     that, the noise is then chosen on up to :data:`VALIDATION_POINTS` other training points
     (:func:`validated_noise`). Returns ``{"lengthscale", "outputscale", "noise"}``, the
-    lengthscale a list of d floats with ``ard``. Its start and result are logged on
-    ``gpscale.fit.prefit`` (at debug level with ``quiet``, for a caller that says its own).
+    lengthscale a list of d floats with ``ard``, the noise at least GPyTorch's floor; with
+    held-out points also ``"heldout_mse"``, the fitted GP's mean squared error on them. Its
+    start and result are logged on ``gpscale.fit.prefit`` (at debug level with ``quiet``, for
+    a caller that says its own).
     ``stop_on_noise`` ends the fit once its loss gains less than its noise
     (:attr:`FitConfig.noise_plateau`): sooner, at a start worse for CaGP-Opt (Kin40k: after 4
     epochs instead of 13, and CaGP-Opt's test RMSE 0.175 instead of 0.163), so only for a
@@ -273,8 +275,8 @@ def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, see
     xs, ys = x[rows.to(x.device)].double().cpu(), y[rows.to(y.device)].double().cpu()
     tic = time.perf_counter()
     say("pre-fit: an exact GP on %d of %d training points chooses the start "
-                  "hyperparameters (float64 L-BFGS, at most %d epochs; -o prefit=off skips it)",
-                  xs.shape[0], n, max_epochs)
+        "hyperparameters (float64 L-BFGS, at most %d epochs; -o prefit=off skips it)",
+        xs.shape[0], n, max_epochs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build("exact", x.shape[1], init=(xs, ys), kernel=kernel, ard=ard)
@@ -301,10 +303,10 @@ def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, see
     stopped = {"epochs": "at its epoch cap", "time": "at its time limit"}.get(
         history.stopped, history.stopped)
     say("pre-fit: done in %.0f s after %d epochs (%s): outputscale %.3g, noise %.3g%s, "
-                  "lengthscale%s", time.perf_counter() - tic, history.epochs, stopped,
-                  found["outputscale"], found["noise"],
-                  "" if found["noise"] == fitted else f" (held-out choice; fitted {fitted:.3g})",
-                  _spread(ls))
+        "lengthscale%s", time.perf_counter() - tic, history.epochs, stopped,
+        found["outputscale"], found["noise"],
+        "" if found["noise"] == fitted else f" (held-out choice; fitted {fitted:.3g})",
+        _spread(ls))
     return found
 
 
