@@ -1,4 +1,5 @@
-r"""SoftKI's posterior for prediction, streamed over the data and kept without it.
+r"""SoftKI's posterior for prediction, streamed over the data and kept without it; and the
+state of training (:class:`SoftKIState`).
 
 Prediction needs only m-sized quantities (§2.4 of the digest): the points z, U with UᵀU = K_zz,
 β², the factor R of the QR of [G/β; I] (G = W Uᵀ, RᵀR = I + GᵀG/β²) and v = Uᵀγ with
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["SoftKIPosterior", "stacked_qr", "qr_of_blocks"]
+__all__ = ["SoftKIPosterior", "SoftKIState", "stacked_qr", "qr_of_blocks"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,44 @@ class SoftKIPosterior:
             raise ValueError("this SoftKI posterior was computed with other parameters than the "
                              "model now holds (trained further, or another model?); condition "
                              "on the training data again: model.posterior(x, y)")
+
+
+@dataclass(frozen=True)
+class SoftKIState:
+    """Everything SoftKI computes from (x, y): weights, factors, the posterior and probe solves.
+
+    Attributes:
+        inducing_points: z (m, d) the state was conditioned with.
+        weights: W_xz (n, m), differentiable in z.
+        K_zz: (m, m) kernel matrix of z, differentiable.
+        chol_zz: U (m, m) upper, UᵀU = K_zz (+ jitter if it was needed).
+        residual: r = y − c (n,).
+        noise: β² (scalar).
+        R: (m, m) upper triangular with RᵀR = I + GᵀG/β², G = W Uᵀ (differentiable only for
+            ``objective='mll'``).
+        gamma: γ (m,), RᵀR γ = Gᵀ r / β².
+        mean_weights: v = Uᵀγ = K_zz α (m,) with α of Eq. 25, so μ(x*) = c + W_*z v.
+        quad: ρ² = rᵀ (Q̃ + β²I)⁻¹ r (scalar).
+        probes: a (n, L) Gaussian probes (L = 0 for ``objective='mll'``).
+        solves: sg(Σ⁻¹ [r, a]) (n, L + 1), detached.
+    """
+
+    inducing_points: Tensor
+    weights: Tensor
+    K_zz: Tensor
+    chol_zz: Tensor
+    residual: Tensor
+    noise: Tensor
+    R: Tensor
+    gamma: Tensor
+    mean_weights: Tensor
+    quad: Tensor
+    probes: Tensor
+    solves: Tensor
+
+    @property
+    def num_points(self) -> int:
+        return self.residual.shape[0]
 
 
 def qr_of_blocks(blocks: Iterable[tuple[Tensor, Tensor]], m: int, k: int, noise: Tensor,

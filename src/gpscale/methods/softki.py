@@ -66,6 +66,10 @@ Deviations from the paper and choices, with reasons (§7 lists the paper's errat
   RMSE rose from 0.65 to 0.99; the whitened form trains smoothly to 0.639 in 50 epochs (test
   ``test_float32_solves_stay_accurate_when_K_zz_is_ill_conditioned``).
 - Covariance (§7.6): the corrected SoR form above, not the printed Eq. 24.
+- Held-out rows (not in the paper; option ``validation``, default 10 % up to 10,000 rows): the
+  learned points overfit, so training keeps the epoch of best held-out NLL and β² and the
+  outputscale are calibrated on those rows (:mod:`~gpscale.methods._softki_validation`);
+  prediction then conditions on every row.
 - The pseudoloss's solves come from the same QR as the posterior instead of a dense b × b
   LU solve (the paper's App. B.1): one factorisation, the same O(b m²) cost, and Σ is never
   formed.
@@ -93,7 +97,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import gpytorch
@@ -111,9 +114,18 @@ from gpscale.methods._common import (
     prior_modules,
     prior_options,
 )
-from gpscale.methods._softki_noise import calibrate_noise as best_noise
-from gpscale.methods._softki_noise import noise_statistics
-from gpscale.methods._softki_posterior import SoftKIPosterior, stacked_qr, streamed_posterior
+from gpscale.methods._softki_posterior import (
+    SoftKIPosterior,
+    SoftKIState,
+    stacked_qr,
+    streamed_posterior,
+)
+from gpscale.methods._softki_validation import (
+    VALIDATION_FRACTION,
+    calibrate_after_training,
+    held_out_score,
+    holdout_rows,
+)
 from gpscale.methods._softki_weights import (
     DISTANCES,
     OBJECTIVES,
@@ -131,44 +143,6 @@ __all__ = ["DISTANCES", "OBJECTIVES", "SoftKI", "SoftKIPosterior", "SoftKIState"
 
 PAPER_INIT = math.log(2.0)
 """GPyTorch's initial lengthscale and outputscale (softplus(0)), used by the authors' code."""
-
-
-@dataclass(frozen=True)
-class SoftKIState:
-    """Everything SoftKI computes from (x, y): weights, factors, the posterior and probe solves.
-
-    Attributes:
-        inducing_points: z (m, d) the state was conditioned with.
-        weights: W_xz (n, m), differentiable in z.
-        K_zz: (m, m) kernel matrix of z, differentiable.
-        chol_zz: U (m, m) upper, UᵀU = K_zz (+ jitter if it was needed).
-        residual: r = y − c (n,).
-        noise: β² (scalar).
-        R: (m, m) upper triangular with RᵀR = I + GᵀG/β², G = W Uᵀ (differentiable only for
-            ``objective='mll'``).
-        gamma: γ (m,), RᵀR γ = Gᵀ r / β².
-        mean_weights: v = Uᵀγ = K_zz α (m,) with α of Eq. 25, so μ(x*) = c + W_*z v.
-        quad: ρ² = rᵀ (Q̃ + β²I)⁻¹ r (scalar).
-        probes: a (n, L) Gaussian probes (L = 0 for ``objective='mll'``).
-        solves: sg(Σ⁻¹ [r, a]) (n, L + 1), detached.
-    """
-
-    inducing_points: Tensor
-    weights: Tensor
-    K_zz: Tensor
-    chol_zz: Tensor
-    residual: Tensor
-    noise: Tensor
-    R: Tensor
-    gamma: Tensor
-    mean_weights: Tensor
-    quad: Tensor
-    probes: Tensor
-    solves: Tensor
-
-    @property
-    def num_points(self) -> int:
-        return self.residual.shape[0]
 
 
 class SoftKI(Method):
@@ -190,6 +164,7 @@ class SoftKI(Method):
         distance: ``'euclidean'`` (the paper's), ``'relative'`` or ``'lengthscale'``
             (:meth:`distance_scale`).
         learn_temperature: learn a factor of the softmax temperature (``log_temperature``).
+        validation: share of the training rows held out (:meth:`holdout_rows`).
         options: resolved factory options (stored as ``self.options``).
 
     Example:
@@ -209,7 +184,8 @@ class SoftKI(Method):
                  learn_noise: bool = False, mean_constant: float = 0.0,
                  objective: str = "pseudoloss", num_probes: int = 10, chunk_size: int = 4096,
                  calibrate_noise: bool = False, distance: str = "euclidean",
-                 learn_temperature: bool = False, options: dict[str, Any] | None = None):
+                 learn_temperature: bool = False, validation: float = 0.0,
+                 options: dict[str, Any] | None = None):
         super().__init__(task="regression", options=options)
         check_options(noise=noise, objective=objective, num_probes=num_probes,
                        chunk_size=chunk_size, distance=distance)
@@ -227,6 +203,9 @@ class SoftKI(Method):
                              torch.tensor(float(mean_constant), dtype=inducing_points.dtype))
         self.objective, self.num_probes, self.chunk_size = objective, num_probes, chunk_size
         self.calibrate_noise = bool(calibrate_noise)
+        if not 0 <= validation < 1:
+            raise ValueError(f"validation must be a share of the rows in [0, 1); got {validation}")
+        self.validation = float(validation)
         self.num_dims = inducing_points.shape[-1]
 
     @property
@@ -325,32 +304,32 @@ class SoftKI(Method):
         logdet = n * state.noise.log() + 2 * state.R.diagonal().abs().log().sum()  # log|Σ|
         return 0.5 * (logdet + state.quad + n * math.log(2 * math.pi)) / n
 
-    def finalize(self, x: Tensor, y: Tensor,
-                 reduce: Callable[[Tensor], Tensor] | None = None) -> dict[str, float] | None:
-        """After training: set β² to the maximiser of the exact marginal likelihood of
-        ``(x, y)`` with the trained points and kernel (:mod:`~gpscale.methods._softki_noise`),
-        when ``calibrate_noise`` is on — also when β² was learned, since a minibatch objective
-        that treats each batch as the whole data set biases it (on Protein a learned β² of 0.042
-        gave test NLL 2.94; calibrated to 0.255, 0.83). ``reduce`` sums a tensor over the ranks
-        of a data-parallel run. Returns the trained and the calibrated β², or ``None``."""
+    def finalize(self, x: Tensor, y: Tensor, reduce: Callable[[Tensor], Tensor] | None = None,
+                 held: tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+                 ) -> dict[str, float] | None:
+        """After training, when ``calibrate_noise`` is on (also when β² was learned: a minibatch
+        objective that treats each batch as the whole data set biases it): β² and the
+        outputscale by the held-out rows of ``held`` = ((x, y) trained on, (x, y) held out),
+        else β² by the marginal likelihood of ``(x, y)``; ``reduce`` sums a tensor over the
+        ranks of a data-parallel run
+        (:func:`~gpscale.methods._softki_validation.calibrate_after_training`)."""
         if not self.calibrate_noise:
             return None
-        with torch.no_grad():
-            return self._calibrate(x, y, reduce)
-
-    def _calibrate(self, x: Tensor, y: Tensor, reduce) -> dict[str, float]:
         check_x(x, num_dims=self.num_dims)
         check_xy(x, y)
-        z = self.inducing_points.detach()
-        U = safe_cholesky(kernel_matrix(self.kernel, upcast(z), upcast(z)), name="SoftKI K_zz").mT
-        r = y.to(x.dtype) - self.mean_constant
-        stats = noise_statistics(lambda xc: self.weights(xc, z).double() @ U.mT, x, r,
-                                 self.chunk_size)
-        if reduce is not None:
-            stats = tuple(reduce(t) for t in stats)
-        trained, calibrated = float(self.noise), best_noise(*stats)
-        self.log_noise.data.fill_(math.log(calibrated))
-        return {"noise_trained": trained, "noise_calibrated": calibrated}
+        with torch.no_grad():
+            return calibrate_after_training(self, x, y, reduce, held)
+
+    def holdout_rows(self, n: int) -> int:
+        """Training rows to hold out of ``n`` to pick the best epoch and calibrate by (option
+        ``validation``; none without ``calibrate_noise``)."""
+        return holdout_rows(n, self.validation) if self.calibrate_noise else 0
+
+    def validation_score(self, fit: tuple[Tensor, Tensor], held: tuple[Tensor, Tensor],
+                         seed: int = 0) -> Callable[[nn.Module], dict[str, float]]:
+        """The held-out score after each epoch (:func:`~gpscale.methods._softki_validation.
+        held_out_score`)."""
+        return held_out_score(fit, held, seed=seed)
 
     def posterior(self, x: Tensor, y: Tensor) -> SoftKIPosterior:
         """What :meth:`predict` needs, streamed over chunks of (x, y): O(n m²) time, memory
@@ -408,7 +387,8 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
                  outputscale: float | None = None, mean_constant: float | None = None,
                  seed: int = 0, kmeans_max_points: int = 10_000,
                  chunk_size: int = 4096, calibrate_noise: bool = True,
-                 distance: str = "relative", learn_temperature: bool = False) -> SoftKI:
+                 distance: str = "relative", learn_temperature: bool = False,
+                 validation: float = VALIDATION_FRACTION) -> SoftKI:
     """Factory of ``softki`` (see :mod:`gpscale.methods.registry`).
 
     Args:
@@ -436,8 +416,10 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
         learn_temperature: learn a factor exp(``log_temperature``) of the softmax temperature
             by the same objective (off by default: it sharpens the weights until they overfit,
             see the module notes).
-        calibrate_noise: after training, set β² to the exact marginal-likelihood maximiser
-            (:meth:`SoftKI.finalize`); ``False`` keeps the trained (or fixed) β² as the paper.
+        calibrate_noise: after training, set β² (:meth:`SoftKI.finalize`); ``False`` keeps the
+            trained (or fixed) β² as the paper.
+        validation: share of the training rows held out (at most 10,000) to pick the best epoch
+            and calibrate β² and the outputscale by; 0: β² by the training likelihood.
 
     Raises:
         ValueError: a task other than regression, invalid ``init`` data, fewer init points than
@@ -460,12 +442,13 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
                    mean_constant=opts["mean_constant"], objective=objective,
                    num_probes=num_probes, chunk_size=chunk_size,
                    calibrate_noise=calibrate_noise, distance=distance,
-                   learn_temperature=learn_temperature,
+                   learn_temperature=learn_temperature, validation=validation,
                    options={**ind, **opts, "temperature": float(temperature),
                             "distance": distance, "learn_temperature": bool(learn_temperature),
                             "objective": objective, "num_probes": num_probes,
                             "learn_noise": bool(learn_noise), "chunk_size": chunk_size,
-                            "calibrate_noise": bool(calibrate_noise)})
+                            "calibrate_noise": bool(calibrate_noise),
+                            "validation": float(validation)})
     return follow_init(model, init)
 
 
@@ -491,8 +474,12 @@ register(MethodSpec(
         *prior_options_with(kernel="rbf", ard=True, noise=False),
         Option("chunk_size", "int", 4096, "rows per block of the interpolation products",
                minimum=1),
-        Option("calibrate_noise", "bool", True, "after training, set β² to the exact "
-               "marginal-likelihood maximiser (false: keep the fixed β² as the paper)"),
+        Option("calibrate_noise", "bool", True, "after training, set β² (and with held-out "
+               "rows the outputscale) by the data (false: keep the fixed β² as the paper)"),
+        Option("validation", "float", VALIDATION_FRACTION, "share of the training rows held "
+               "out (at most 10,000) to pick the best epoch and calibrate by; 0: none",
+               minimum=0),
     ),
-    saved_defaults={"distance": "euclidean"},  # files saved before distances followed ℓ
+    # files saved before distances followed ℓ, or before rows were held out
+    saved_defaults={"distance": "euclidean", "validation": 0.0},
 ))

@@ -47,6 +47,7 @@ from gpscale.training.config import FitConfig
 from gpscale.training.history import History
 from gpscale.training.interrupt import requested as interrupt_requested
 from gpscale.training.schedules import BestEpoch, Schedule
+from gpscale.training.validation import Validation
 
 __all__ = ["fit", "default_loss", "condition_only"]
 
@@ -79,7 +80,7 @@ class _Run:
 
 def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
         config: FitConfig | None = None, callbacks: Sequence[Any] = (), *,
-        parallel: Any = None) -> History:
+        parallel: Any = None, validation: Validation | None = None) -> History:
     """Train ``model`` in place and return its :class:`History`.
 
     Args:
@@ -97,6 +98,9 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             ``None``), ``reduce_loss(loss, batch_rows) -> float``, ``step_rows() -> int`` (the
             last step's global batch size), ``reduce_gradients(model, batch_rows)`` and
             ``epoch_time(seconds) -> float`` (see ``gpscale.training.parallel``).
+        validation: scores held-out rows after every epoch (inside the training clock), stops
+            when the score no longer improves and restores the best epoch's parameters at the
+            end (:mod:`gpscale.training.validation`); one process only.
 
     Returns:
         The history, one row per epoch: ``epoch``, ``time_s`` (cumulative training time,
@@ -176,8 +180,13 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
                     + ". Lower the learning rate or use float64.",
                     epoch=epoch, history=history,
                     checkpoint=str(ckpt) if ckpt and ckpt.exists() else None)
+            held = {}
+            if validation is not None:  # part of training: on the clock
+                tic = time.perf_counter()
+                held = validation.epoch_end(model, epoch)
+                clock += time.perf_counter() - tic
             row = {"epoch": epoch, "time_s": clock, "loss": loss,
-                   "lr": run.optimizer.param_groups[0]["lr"]}
+                   "lr": run.optimizer.param_groups[0]["lr"], **held}
             best.record(loss, epoch, good, good_optimizer)
             reductions = run.scheduler.reductions
             converged = run.converged or run.scheduler.epoch_end(
@@ -189,16 +198,21 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             if out_of_time or epoch == config.epochs:
                 best.restore_if_worse(loss, model, run.optimizer, run.scheduler)
             run.interrupted = parallel is None and (run.interrupted or interrupt_requested())
-            last = epoch == config.epochs or out_of_time or converged or run.interrupted
+            unimproved = validation is not None and validation.stop
+            last = (epoch == config.epochs or out_of_time or converged or run.interrupted
+                    or unimproved)
+            if last and validation is not None:
+                row.update(validation.restore(model) or {})
             _run_callbacks(callbacks, model, epoch, row, final=last)
             history.append(row)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4g}")
             if ckpt is not None and main and (epoch % config.checkpoint_every == 0 or last):
                 save_checkpoint(ckpt, model, run, epoch, clock)
-            if out_of_time or converged or run.interrupted:
+            if out_of_time or converged or run.interrupted or unimproved:
                 history.stopped = ("interrupted" if run.interrupted else
-                                   "converged" if converged else "time")
+                                   "converged" if converged else
+                                   "no-improvement" if unimproved else "time")
                 break
         else:
             history.stopped = "epochs"

@@ -12,7 +12,10 @@ Every caller goes through these two functions — ``gpscale fit`` and the benchm
 2. :func:`train_built` trains it with ``training.fit`` (at most the method's ``prefit_max_lr``
    from a pre-fitted start; or conditions a method with nothing to train), then runs the
    method's closed-form ``finalize(x, y, reduce)`` step when it has one (SoftKI calibrates its
-   noise there), and returns the state to predict with.
+   noise there), and returns the state to predict with. A method that asks for held-out rows
+   (``holdout_rows``, SoftKI) trains on the others, with the best epoch on the held-out rows
+   kept (:mod:`gpscale.training.validation`); ``finalize`` gets both and the state conditions
+   on all rows.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from gpscale.training.fit import condition_only, fit
 from gpscale.training.history import History
 from gpscale.training.laplace import learn_kernel
 from gpscale.training.prefit import fill_prefit_options, prefit_lr_cap, start_resolvable
+from gpscale.training.validation import Validation, split_holdout
 
 __all__ = ["Trained", "build_method", "cast", "train_built", "train_method"]
 
@@ -101,7 +105,12 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
         log.info("training from the pre-fitted hyperparameters at lr %g (not %g; "
                  "-o prefit_max_lr)", cap, config.lr)
         config = replace(config, lr=cap)
-    if model.trainable:
+    split = _holdout(model, train, config, parallel)
+    if split is not None:  # trains on the rest, keeps the best epoch on the held-out rows
+        validation = Validation(model.validation_score(*split, seed=config.seed))
+        history = fit(model, loss_fn, split[0], config, callbacks, validation=validation)
+        state = None
+    elif model.trainable:
         history, state = fit(model, loss_fn, train, config, callbacks, parallel=parallel), None
     elif getattr(model, "learns_kernel", False):  # IterNCGP: Newton and evidence steps
         history, state = learn_kernel(model, train, config, callbacks)
@@ -110,7 +119,8 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
     finalize = getattr(model, "finalize", None)
     if finalize is not None:
         with torch.no_grad():
-            changed = finalize(x, y, getattr(parallel, "all_reduce", None))
+            changed = finalize(x, y, getattr(parallel, "all_reduce", None),
+                               **({} if split is None else {"held": split}))
         if changed:  # e.g. {"noise_calibrated": 0.012}: recorded with the last epoch
             if history.rows:
                 history.rows[-1].update(changed)
@@ -124,6 +134,26 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
 
         state = on_cpu_after_oom(posterior, model, "conditioning the trained model")
     return history, state
+
+
+def _holdout(model: Method, train: tuple[Tensor, Tensor], config: FitConfig, parallel: Any
+             ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]] | None:
+    """(rows to train on, rows held out) for a method that asks for held-out rows
+    (``holdout_rows(n)``, e.g. SoftKI), else ``None``. One process only: the ranks of a
+    data-parallel run train on all their rows (SoftKI then calibrates by the likelihood)."""
+    rows = getattr(model, "holdout_rows", None)
+    if rows is None or not model.trainable:
+        return None
+    count = rows(train[0].shape[0])
+    if count and parallel is not None:
+        log.info("several processes: no rows held out (one process holds rows out to pick the "
+                 "best epoch and calibrate by)")
+        return None
+    if not count:
+        return None
+    log.info("holding out %d of %d training rows to pick the best epoch and calibrate by",
+             count, train[0].shape[0])
+    return split_holdout(*train, count, config.seed)
 
 
 def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,

@@ -19,7 +19,9 @@ class History:
     """Rows recorded by ``training.fit``; ``stopped`` says why training ended.
 
     ``stopped`` is one of ``"epochs"`` (budget reached), ``"time"`` (wall-clock budget),
-    ``"converged"`` (the loss stopped improving, see ``training.schedules``), ``"non-finite"``
+    ``"converged"`` (the loss stopped improving, see ``training.schedules``),
+    ``"no-improvement"`` (the held-out score stopped improving, see
+    ``training.validation``), ``"non-finite"``
     (the loss became NaN/inf), ``"numerical-error"``, ``"out-of-memory"``, ``"conditioned"``
     (nothing to train), ``"interrupted"`` (Ctrl-C under
     ``training.interrupt.graceful_interrupt``) or ``"running"``.
