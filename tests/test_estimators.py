@@ -226,3 +226,18 @@ def test_nonfinite_predictions_are_an_error_naming_the_rows(regression_data):
     for call in (clf.predict_proba, clf.predict):
         with pytest.raises(ValueError, match=r"class probability is NaN or inf for rows \[1\]"):
             call(X[:4])
+
+
+def test_device_is_where_the_fitted_model_is(regression_data):
+    """``device_`` reads the model's device (after an out-of-memory fallback, the CPU), and is
+    refused before ``fit``."""
+    from sklearn.exceptions import NotFittedError
+
+    X, y = regression_data
+    reg = GPRegressor(method="exact", epochs=3)
+    with pytest.raises(NotFittedError):
+        _ = reg.device_
+    reg.fit(X, y)
+    assert reg.device_ == "cpu"
+    reg.model_.to("meta")  # wherever the model went, device_ follows it
+    assert reg.device_ == "meta"

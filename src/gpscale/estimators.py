@@ -167,6 +167,13 @@ class _GPEstimator(BaseEstimator):
         self._state = trained.state
         self.n_features_in_ = x.shape[1]
 
+    @property
+    def device_(self) -> str:
+        """Where the fitted model is and predicts: ``device``, or ``"cpu"`` after training or
+        conditioning ran out of GPU memory and fell back to the CPU (with a warning)."""
+        check_is_fitted(self, "model_")
+        return str(module_device(self.model_))
+
     def _choose_method(self, x: torch.Tensor, y: torch.Tensor, num_classes: int | None,
                        seed: int) -> tuple[str, dict[str, Any]]:
         """The method key to fit and its typed options: ``method``, or for ``"auto"`` the key
@@ -228,7 +235,7 @@ class GPRegressor(RegressorMixin, _GPEstimator):
 
     ``method="auto"`` (the default) picks one from n, d and memory at ``fit`` and logs why;
     ``method_`` holds the key that was fitted and ``method_reason_`` why (README: which method
-    when).
+    when); ``device_`` where the fitted model is (the CPU after a GPU ran out of memory).
 
     ``predict(X, return_std=True)`` returns the predictive mean of y and its standard deviation
     (latent variance plus observation noise), in the units of the training targets.
