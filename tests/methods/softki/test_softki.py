@@ -13,229 +13,17 @@ from gpscale import GPRegressor
 from gpscale.io import load, model_from_payload, model_payload, save
 from gpscale.kernels import kernel_matrix
 from gpscale.methods import build
-from gpscale.methods.softki import SoftKI, SoftmaxInterpolation, build_softki
 from gpscale.training import FitConfig, fit
 
-N, D, M = 60, 3, 10
-HYPER = {"lengthscale": 1.1, "outputscale": 0.8, "noise": 0.05}
-TOL = {"rtol": 1e-8, "atol": 1e-10}
-
-
-def _data(n: int = N, d: int = D, seed: int = 0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g, dtype=dtype)
-    y = torch.sin(x.sum(1)) + 0.1 * torch.randn(n, generator=g, dtype=dtype)
-    return x, y
-
-
-def _model(x, y, **kw) -> SoftKI:
-    return build_softki(x.shape[1], init=(x, y), **{"num_inducing": M, **HYPER, **kw})
-
-
-class Dense:
-    """Dense float64 references for one model on (x, y): W, K_zz, Q̃, Σ = Q̃ + β²I."""
-
-    def __init__(self, model: SoftKI, x, y):
-        self.model = model
-        self.z = model.inducing_points
-        self.K = kernel_matrix(model.kernel, self.z, self.z)
-        self.W = model.weights(x, self.z)
-        self.noise = model.noise
-        self.r = y - model.mean_constant
-        self.n = x.shape[0]
-        self.Q = self.W @ self.K @ self.W.T
-        self.S = self.Q + self.noise * torch.eye(self.n)
-
-    def nll(self):
-        """−log N(r | 0, Σ) / n, differentiable in the model's parameters."""
-        L = torch.linalg.cholesky(self.S)
-        quad = self.r @ torch.cholesky_solve(self.r[:, None], L)[:, 0]
-        return 0.5 * (quad + 2 * L.diagonal().log().sum()
-                      + self.n * math.log(2 * math.pi)) / self.n
-
-    def posterior(self, x_test):
-        """Dense mean and latent variance Q̃_** − Q̃_*x Σ⁻¹ Q̃_x* (notes §2.7)."""
-        Ws = self.model.weights(x_test, self.z)
-        Q_sx = Ws @ self.K @ self.W.T
-        mean = self.model.mean_constant + Q_sx @ torch.linalg.solve(self.S, self.r)
-        var = (Ws @ self.K @ Ws.T - Q_sx @ torch.linalg.solve(self.S, Q_sx.T)).diagonal()
-        return mean, var
-
-    def capacitance(self):
-        """Ĉ = K_zz + K̂_zx K̂_xz / β² (Eq. 25)."""
-        Kh = self.W @ self.K
-        return self.K + Kh.T @ Kh / self.noise
-
-    def woodbury(self, x_test):
-        """Mean K̂_*z Ĉ⁻¹ K̂_zx r / β² and variance K̂_*z Ĉ⁻¹ K̂_z* with Ĉ solved directly."""
-        C = self.capacitance()
-        Kh, Kh_s = self.W @ self.K, self.model.weights(x_test, self.z) @ self.K
-        alpha = torch.linalg.solve(C, Kh.T @ self.r / self.noise)
-        var = (Kh_s @ torch.linalg.solve(C, Kh_s.T)).diagonal()
-        return self.model.mean_constant + Kh_s @ alpha, var
-
-
-def _grads(model: SoftKI, value: torch.Tensor) -> list[torch.Tensor]:
-    params = [p for p in model.parameters() if p.requires_grad]
-    return list(torch.autograd.grad(value, params))
-
-
-# --- softmax weights (§6.1, §6.2) --------------------------------------------------------------
-
-def test_weights_are_softmax_of_euclidean_distances():
-    """Def. 4.1: W_ij = exp(−‖x_i − z_j‖) / Σ_k exp(−‖x_i − z_k‖); rows sum to 1, in (0, 1)."""
-    x, _ = _data()
-    z = torch.randn(M, D, generator=torch.Generator().manual_seed(1))
-    W = SoftmaxInterpolation()(x, z)
-    dist = (x[:, None, :] - z[None, :, :]).square().sum(-1).sqrt()
-    torch.testing.assert_close(W, torch.exp(-dist) / torch.exp(-dist).sum(1, keepdim=True),
-                               **TOL)
-    torch.testing.assert_close(W.sum(1), torch.ones(N), **TOL)
-    assert bool((W > 0).all() and (W < 1).all())
-
-
-def test_temperature_to_zero_gives_nearest_point_weights():
-    """§6.2: τ → 0 gives one-hot weights on the nearest interpolation point."""
-    x, _ = _data()
-    z = torch.randn(M, D, generator=torch.Generator().manual_seed(1))
-    W = SoftmaxInterpolation(1e-4)(x, z)
-    nearest = torch.cdist(x, z).argmin(1)
-    torch.testing.assert_close(W, torch.eye(M)[nearest], rtol=0, atol=1e-8)
-
-
-def test_temperature_to_infinity_gives_uniform_weights():
-    """§6.2: τ → ∞ gives uniform weights 1/m."""
-    x, _ = _data()
-    z = torch.randn(M, D, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(SoftmaxInterpolation(1e8)(x, z), torch.full((N, M), 1 / M),
-                               rtol=0, atol=1e-7)
-
-
-def test_weights_translation_invariant_and_finite_in_high_dimension():
-    """§6.1: invariant to translating x and z together; finite at d = 1000 (log-sum-exp)."""
-    x, _ = _data()
-    z = torch.randn(M, D, generator=torch.Generator().manual_seed(1))
-    weights = SoftmaxInterpolation()
-    torch.testing.assert_close(weights(x + 5.0, z + 5.0), weights(x, z), rtol=1e-9, atol=1e-12)
-    g = torch.Generator().manual_seed(2)
-    W = weights(30 * torch.randn(20, 1000, generator=g), 30 * torch.randn(M, 1000, generator=g))
-    assert bool(torch.isfinite(W).all())
-    torch.testing.assert_close(W.sum(1), torch.ones(20), **TOL)
-
-
-def _ard_model(distance: str, lengthscale) -> SoftKI:
-    x, y = _data()
-    model = _model(x, y, ard=True, distance=distance)
-    model.kernel.base_kernel.lengthscale = torch.tensor(lengthscale, dtype=x.dtype)
-    return model
-
-
-def test_relative_distance_with_equal_lengthscales_is_the_papers_weights():
-    """distance='relative' (the default) rescales inputs by ℓ relative to rms(1/ℓ): with one
-    shared lengthscale, whatever its value, the weights are Def. 4.1's exactly."""
-    x, _ = _data()
-    for ell in (0.05, 1.0, 30.0):
-        model = _ard_model("relative", [ell] * D)
-        z = model.inducing_points.detach()
-        torch.testing.assert_close(model.weights(x, z), SoftmaxInterpolation()(x, z), **TOL)
-    shared = _model(*_data(), ard=False, lengthscale=0.3)  # one lengthscale, no ARD
-    z = shared.inducing_points.detach()
-    torch.testing.assert_close(shared.weights(x, z), SoftmaxInterpolation()(x, z), **TOL)
-
-
-def test_relative_distance_drops_an_input_with_a_huge_lengthscale():
-    """An input the kernel finds irrelevant (ℓ → ∞) drops out of the weights, as out of K_zz;
-    the Euclidean weights keep it. Scaling every ℓ by a constant changes nothing."""
-    x, _ = _data()
-    model = _ard_model("relative", [0.7, 1.3, 1e9])
-    z = model.inducing_points.detach()
-    W = model.weights(x, z)
-    moved = x.clone()
-    moved[:, 2] = 50 * torch.randn(N, generator=torch.Generator().manual_seed(3), dtype=x.dtype)
-    torch.testing.assert_close(model.weights(moved, z), W, rtol=1e-6, atol=1e-9)
-    euclid = SoftmaxInterpolation()
-    assert float((euclid(moved, z) - euclid(x, z)).abs().max()) > 0.1
-    # dense reference: distances on the first two inputs rescaled to rms(1/ℓ) = 1
-    inv = torch.tensor([1 / 0.7, 1 / 1.3, 0.0], dtype=x.dtype)
-    w = inv / inv.square().mean().sqrt()
-    dist = ((x[:, None, :] - z[None]) * w).square().sum(-1).sqrt()
-    torch.testing.assert_close(W, torch.softmax(-dist, 1), rtol=1e-6, atol=1e-9)
-    scaled = _ard_model("relative", [7.0, 13.0, 1e10])
-    torch.testing.assert_close(scaled.weights(x, z), W, rtol=1e-6, atol=1e-9)
-
-
-def test_lengthscale_distance_divides_by_the_lengthscales():
-    """distance='lengthscale': Euclidean weights of x/ℓ on z/ℓ."""
-    x, _ = _data()
-    ell = torch.tensor([0.5, 2.0, 1.5], dtype=x.dtype)
-    model = _ard_model("lengthscale", ell.tolist())
-    z = model.inducing_points.detach()
-    torch.testing.assert_close(model.weights(x, z), SoftmaxInterpolation()(x / ell, z / ell),
-                               **TOL)
-    assert _ard_model("euclidean", ell.tolist()).distance_scale() is None
-
-
-def test_distance_scaled_weights_pass_gradients_to_the_lengthscales():
-    """The weights are differentiable in ℓ (gradcheck, float64), so training moves them."""
-    x, _ = _data(8)
-    z = torch.randn(4, D, generator=torch.Generator().manual_seed(1), dtype=x.dtype)
-    interp = SoftmaxInterpolation()
-
-    def weights(log_ell):
-        ell = log_ell.exp()
-        return interp(x, z, ell / ell.reciprocal().square().mean().rsqrt())
-
-    log_ell = torch.tensor([0.1, -0.4, 0.7], dtype=x.dtype, requires_grad=True)
-    assert torch.autograd.gradcheck(weights, (log_ell,))
-
-
-def test_learned_temperature_divides_the_distances_and_gets_a_gradient():
-    """learn_temperature: W = softmax(−dist/τ) with τ = exp(log_temperature), trained by the
-    objective; without it the model has no such parameter (older saved models load)."""
-    x, y = _data()
-    model = _model(x, y, ard=False, learn_temperature=True)
-    with torch.no_grad():
-        model.log_temperature.fill_(math.log(0.4))
-    z = model.inducing_points.detach()
-    torch.testing.assert_close(model.weights(x, z), SoftmaxInterpolation(0.4)(x, z), **TOL)
-    (grad,) = torch.autograd.grad(model.loss(model.condition(x, y)), model.log_temperature)
-    assert math.isfinite(float(grad)) and float(grad) != 0.0
-    assert "log_temperature" not in _model(x, y).state_dict()
-
-
-def test_default_distances_learn_which_inputs_matter():
-    """10 inputs of which 2 carry the signal (a fast relevant32): the default relative distances
-    learn it (test RMSE 0.08 of std(y) measured), the paper's Euclidean weights do not (0.78)."""
-    g = torch.Generator().manual_seed(0)
-    n, d = 800, 10
-    x = torch.randn(n + 400, d, generator=g)
-    y = torch.sin(2 * x[:, 0]) + torch.cos(2 * x[:, 1]) + 0.05 * torch.randn(n + 400, generator=g)
-    (x, xt), (y, yt) = x.split([n, 400]), y.split([n, 400])
-    rmse = {}
-    for distance in ("relative", "euclidean"):
-        torch.manual_seed(0)
-        model = build_softki(d, init=(x, y), num_inducing=64, distance=distance)
-        fit(model, None, (x, y), FitConfig(lr=0.05, epochs=60, batch_size=256, progress=False))
-        model.finalize(x, y)
-        with torch.no_grad():
-            mean = model.predict(model.condition(x, y), xt).mean
-        rmse[distance] = float((mean - yt).square().mean().sqrt() / yt.std())
-    assert rmse["relative"] < 0.2 and rmse["euclidean"] > 0.5, rmse
-
-
-def test_unknown_distance_is_an_error():
-    x, y = _data()
-    with pytest.raises(ValueError, match="unknown distance 'cosine'"):
-        _model(x, y, distance="cosine")
-
+from ._dense import HYPER, TOL, D, Dense, M, N, parameter_grads, small_model, toy_data
 
 # --- approximate kernel (§6.3) -----------------------------------------------------------------
 
 def test_kernel_entries_bounded_by_Kzz_and_psd():
     """§2.3: Q̃ = W K_zz Wᵀ is PSD, its entries convex combinations of K_zz's (diag ≤ σ)."""
-    x, y = _data()
+    x, y = toy_data()
     with torch.no_grad():
-        ref = Dense(_model(x, y), x, y)
+        ref = Dense(small_model(x, y), x, y)
     assert float(ref.Q.min()) >= float(ref.K.min()) - 1e-12
     assert float(ref.Q.max()) <= float(ref.K.max()) + 1e-12
     assert float(ref.Q.diagonal().max()) <= HYPER["outputscale"] + 1e-12
@@ -249,8 +37,8 @@ def test_float32_model_builds_K_zz_from_float64_points():
     In float32 the distance expansion loses ~ε‖z/ℓ‖² per entry; with learned points and a short
     lengthscale in 27 dimensions (KEGGu) that made K_zz indefinite beyond what jitter repairs.
     """
-    x, y = _data(d=27)
-    model = _model(x, y, lengthscale=0.3, noise=1e-3).float()
+    x, y = toy_data(d=27)
+    model = small_model(x, y, lengthscale=0.3, noise=1e-3).float()
     with torch.no_grad():
         state = model.condition(x.float(), y.float())
         z = model.inducing_points.double()
@@ -265,8 +53,8 @@ def test_float32_model_builds_K_zz_from_float64_points():
 
 def test_qr_factor_is_the_whitened_capacitance_cholesky():
     """§2.7 whitened: R of [W Uᵀ/β ; I] with UᵀU = K_zz, so (RU)ᵀ(RU) = Ĉ, R's eigenvalues ≥ 1."""
-    x, y = _data()
-    model = _model(x, y)
+    x, y = toy_data()
+    model = small_model(x, y)
     with torch.no_grad():
         state = model.condition(x, y)
         ref = Dense(model, x, y)
@@ -280,11 +68,11 @@ def test_float32_solves_stay_accurate_when_K_zz_is_ill_conditioned():
     """Clustered points (cond K_zz ≈ 10¹⁰), β² = 10⁻³, float32: Σ⁻¹[r, a] and the mean match
     float64 dense solves to 1e-4. The paper's stacking [K̂/β ; U] gave errors of 2e-2 here
     (8e-2 at cond 10¹³), which on Protein made the pseudoloss diverge after 12 epochs."""
-    x, y = _data(n=1024)
+    x, y = toy_data(n=1024)
     g = torch.Generator().manual_seed(3)
     base = torch.randn(32, D, generator=g, dtype=torch.float64)
     z = torch.cat([base, base + 1e-3 * torch.randn(32, D, generator=g, dtype=torch.float64)])
-    model = _model(x, y, num_inducing=64, noise=1e-3, lengthscale=1.0)
+    model = small_model(x, y, num_inducing=64, noise=1e-3, lengthscale=1.0)
     probes = torch.randn(1024, 4, generator=g, dtype=torch.float64)
     with torch.no_grad():
         model.inducing_points.copy_(z)
@@ -304,9 +92,9 @@ def test_float32_solves_stay_accurate_when_K_zz_is_ill_conditioned():
                          ids=["rbf", "rbf-ard", "matern32"])
 def test_qr_woodbury_and_dense_posteriors_agree(kernel, ard):
     """§6.4, §6.6: the QR posterior equals the Woodbury and the dense posterior (Eq. 24/25)."""
-    x, y = _data()
-    x_test, _ = _data(9, seed=1)
-    model = _model(x, y, kernel=kernel, ard=ard)
+    x, y = toy_data()
+    x_test, _ = toy_data(9, seed=1)
+    model = small_model(x, y, kernel=kernel, ard=ard)
     with torch.no_grad():
         pred = model.predict(model.condition(x, y), x_test)
         ref = Dense(model, x, y)
@@ -321,9 +109,9 @@ def test_qr_woodbury_and_dense_posteriors_agree(kernel, ard):
 
 def test_chunked_qr_equals_one_qr():
     """TSQR over row chunks of 7 gives the same posterior and log-likelihood as one QR."""
-    x, y = _data()
-    x_test, _ = _data(5, seed=1)
-    a, b = _model(x, y), _model(x, y, chunk_size=7)
+    x, y = toy_data()
+    x_test, _ = toy_data(5, seed=1)
+    a, b = small_model(x, y), small_model(x, y, chunk_size=7)
     with torch.no_grad():
         sa, sb = a.condition(x, y), b.condition(x, y)
         pa, pb = a.predict(sa, x_test), b.predict(sb, x_test)
@@ -334,9 +122,9 @@ def test_chunked_qr_equals_one_qr():
 
 def test_mean_within_range_of_point_values_and_variance_below_prior():
     """§6.7: μ(x*) = c + W_*z v lies in [c + min v, c + max v]; variance ≤ prior Q̃_**."""
-    x, y = _data()
+    x, y = toy_data()
     x_test = 20 * torch.randn(50, D, generator=torch.Generator().manual_seed(3))
-    model = _model(x, y)
+    model = small_model(x, y)
     with torch.no_grad():
         state = model.condition(x, y)
         pred = model.predict(state, x_test)
@@ -350,8 +138,8 @@ def test_mean_within_range_of_point_values_and_variance_below_prior():
 
 def test_exact_gp_recovery_with_points_at_inputs_and_zero_temperature():
     """§6.9 (C8): z = x and τ → 0 give W = I, Q̃ = K_xx: the exact GP at the training inputs."""
-    x, y = _data(30)
-    model = _model(x, y, num_inducing=30, temperature=1e-6, lengthscale=0.8)
+    x, y = toy_data(30)
+    model = small_model(x, y, num_inducing=30, temperature=1e-6, lengthscale=0.8)
     with torch.no_grad():
         model.inducing_points.copy_(x)
         pred = model.predict(model.condition(x, y), x)
@@ -368,48 +156,49 @@ def test_exact_gp_recovery_with_points_at_inputs_and_zero_temperature():
 
 def test_mll_objective_value_and_gradient_match_dense():
     """Eq. 18 from the QR (§2.4): −log p(y)/n and its gradient equal the dense Cholesky's."""
-    x, y = _data()
-    model = _model(x, y, objective="mll")
+    x, y = toy_data()
+    model = small_model(x, y, objective="mll")
     value = model.loss(model.condition(x, y))
     dense = Dense(model, x, y).nll()
     torch.testing.assert_close(value, dense, **TOL)
-    for g, g_ref in zip(_grads(model, value), _grads(model, dense), strict=True):
+    for g, g_ref in zip(parameter_grads(model, value), parameter_grads(model, dense), strict=True):
         torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-9)
 
 
 def test_pseudoloss_loss_value_is_the_negative_log_likelihood():
     """The default objective's value is −log p(y)/n (what a plateau test watches), while its
     gradient is the pseudoloss's: the surrogate's own value differs from it."""
-    x, y = _data()
-    model = _model(x, y)
+    x, y = toy_data()
+    model = small_model(x, y)
     state = model.condition(x, y, probes=math.sqrt(N) * torch.eye(N))
     value = model.loss(state)
     torch.testing.assert_close(value, Dense(model, x, y).nll(), **TOL)
     assert abs(float((model.pseudoloss(state) - value).detach())) > 1e-3
     probes = math.sqrt(N) * torch.eye(N)
     surrogate = model.pseudoloss(model.condition(x, y, probes=probes))
-    for g, g_ref in zip(_grads(model, model.loss(model.condition(x, y, probes=probes))),
-                        _grads(model, surrogate), strict=True):
+    for g, g_ref in zip(parameter_grads(model, model.loss(model.condition(x, y, probes=probes))),
+                        parameter_grads(model, surrogate), strict=True):
         torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=0)
 
 
 def test_pseudoloss_gradient_is_exact_with_complete_probes():
     """Eq. 21–22 (§2.5): with probes √n·e_j (E[aaᵀ] = I exactly) the gradient is −∇log p / n."""
-    x, y = _data()
-    model = _model(x, y)
+    x, y = toy_data()
+    model = small_model(x, y)
     state = model.condition(x, y, probes=math.sqrt(N) * torch.eye(N))
-    grads = _grads(model, model.loss(state))
-    for g, g_ref in zip(grads, _grads(model, Dense(model, x, y).nll()), strict=True):
+    grads = parameter_grads(model, model.loss(state))
+    for g, g_ref in zip(grads, parameter_grads(model, Dense(model, x, y).nll()), strict=True):
         torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-9)
 
 
 def test_pseudoloss_gradient_estimates_negative_log_likelihood_gradient():
     """§2.5 sign and scale: Gaussian probes, averaged over 4000, estimate −∇ log p(y) / n."""
-    x, y = _data()
-    model = _model(x, y, num_probes=4000)
+    x, y = toy_data()
+    model = small_model(x, y, num_probes=4000)
     torch.manual_seed(0)
-    est = torch.cat([g.flatten() for g in _grads(model, model.loss(model.condition(x, y)))])
-    ref = torch.cat([g.flatten() for g in _grads(model, Dense(model, x, y).nll())])
+    loss = model.loss(model.condition(x, y))
+    est = torch.cat([g.flatten() for g in parameter_grads(model, loss)])
+    ref = torch.cat([g.flatten() for g in parameter_grads(model, Dense(model, x, y).nll())])
     cosine = float(est @ ref / (est.norm() * ref.norm()))
     # Hutchinson noise with 4000 probes: a few per cent; a sign error would give cosine ≈ −1
     # and unit-norm probes (trace shrunk by 1/n) a norm ratio far from 1.
@@ -419,8 +208,8 @@ def test_pseudoloss_gradient_estimates_negative_log_likelihood_gradient():
 
 def test_pseudoloss_gradcheck_with_fixed_solves():
     """gradcheck (float64) of the pseudoloss in z with the solves b_j held fixed (Eq. 21)."""
-    x, y = _data(10)
-    model = _model(x, y, num_inducing=4)
+    x, y = toy_data(10)
+    model = small_model(x, y, num_inducing=4)
     probes = torch.randn(10, 3, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         state = model.condition(x, y, probes=probes)
@@ -438,8 +227,8 @@ def test_pseudoloss_gradcheck_with_fixed_solves():
 @pytest.mark.parametrize("learn_noise", [False, True], ids=["fixed-noise", "learned-noise"])
 def test_training_lowers_the_exact_nll_and_keeps_fixed_noise(learn_noise):
     """Minimising the pseudoloss (Adam, minibatches) lowers −log p(y); β² moves only if learned."""
-    x, y = _data(200)
-    model = _model(x, y, learn_noise=learn_noise, noise=1e-2)
+    x, y = toy_data(200)
+    model = small_model(x, y, learn_noise=learn_noise, noise=1e-2)
     with torch.no_grad():
         before = Dense(model, x, y).nll()
     torch.manual_seed(0)
@@ -452,7 +241,7 @@ def test_training_lowers_the_exact_nll_and_keeps_fixed_noise(learn_noise):
 
 def test_save_load_round_trip(tmp_path):
     """gpscale.save / gpscale.load (registry rebuild with init=None) keep the predictions."""
-    x, y = _data()
+    x, y = toy_data()
     model = build("softki", D, init=(x, y), num_inducing=M, temperature=0.7, ard=True)
     fit(model, None, (x, y), FitConfig(lr=0.05, epochs=2, batch_size=32, progress=False))
     loaded = load(save(model, tmp_path / "softki.pt", data=(x, y)))
@@ -467,7 +256,7 @@ def test_save_load_round_trip(tmp_path):
 def test_file_saved_before_distances_followed_the_lengthscales_predicts_as_then():
     """A saved payload without the ``distance`` option (written before it existed, when the
     weights were Euclidean) reloads with Euclidean weights, not today's default."""
-    x, y = _data()
+    x, y = toy_data()
     old = build("softki", D, init=(x, y), num_inducing=M, ard=True, distance="euclidean")
     old.kernel.base_kernel.lengthscale = torch.tensor([0.5, 2.0, 1.0], dtype=x.dtype)
     payload = model_payload(old, data=(x, y))
@@ -494,14 +283,14 @@ def test_file_saved_before_distances_followed_the_lengthscales_predicts_as_then(
     ({"num_inducing": 100}, "fewer than"),
 ], ids=["tau-zero", "tau-inf", "objective", "probes", "noise", "chunk", "kernel", "too-many"])
 def test_bad_options_raise(options, match):
-    x, y = _data()
+    x, y = toy_data()
     with pytest.raises(ValueError, match=match):
         build("softki", D, init=(x, y), **{"num_inducing": M, **options})
 
 
 def test_bad_inputs_raise():
-    x, y = _data()
-    model = _model(x, y)
+    x, y = toy_data()
+    model = small_model(x, y)
     with pytest.raises(ValueError, match="regression"):
         build("softki", D, task="classification", init=(x, (y > 0).long()))
     with pytest.raises(ValueError, match="features|columns|num_dims|X"):
@@ -512,9 +301,9 @@ def test_bad_inputs_raise():
 
 def test_float32_matches_float64():
     """The QR posterior in float32 (β² = 1e-3, the paper's setting) stays close to float64's."""
-    x, y = _data(300, d=5)
-    x_test, _ = _data(50, d=5, seed=1)
-    model = _model(x, y, num_inducing=32, noise=1e-3)
+    x, y = toy_data(300, d=5)
+    x_test, _ = toy_data(50, d=5, seed=1)
+    model = small_model(x, y, num_inducing=32, noise=1e-3)
     with torch.no_grad():
         ref = model.predict(model.condition(x, y), x_test)
         model32 = model.to(torch.float32)
@@ -529,8 +318,8 @@ def test_float32_matches_float64():
 
 def test_gp_regressor_end_to_end():
     """GPRegressor(method='softki') trains on a smooth function and predicts it."""
-    x, y = _data(400, d=2)
-    x_test, y_test = _data(100, d=2, seed=1)
+    x, y = toy_data(400, d=2)
+    x_test, y_test = toy_data(100, d=2, seed=1)
     reg = GPRegressor(method="softki", epochs=20, lr=0.05, batch_size=128, num_inducing=32,
                       dtype="float64")
     reg.fit(x.numpy(), y.numpy())
