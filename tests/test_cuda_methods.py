@@ -119,7 +119,7 @@ def test_estimator_and_cli_train_on_device(tmp_path):
 def test_cagp_cg_cache_limit_reads_the_device_memory():
     """CaGP-CG's kernel cache on a GPU is bounded by that GPU's free memory (half of it), not
     the host's."""
-    from gpscale.methods._cagp_cg import DENSE_OPERATOR_BYTES, dense_operator_limit
+    from gpscale.methods._common import DENSE_OPERATOR_BYTES, dense_operator_limit
 
     device = torch.device(DEVICE)
     limit = dense_operator_limit(device)

@@ -3,6 +3,9 @@ foreign or mismatched file is a SavedFileError (a ValueError) naming the file.""
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -71,6 +74,49 @@ def test_pickled_files_are_refused_and_convert_with_trust(fitted, tmp_path):
                                _predict(model, data, data[0])[0], rtol=0, atol=0)
     with pytest.raises(ValueError, match="new path"):
         convert(old, old, trust=True)
+
+
+# Where the pickled formats (before 2026-11-28) found the summary types that have moved since;
+# an old file names each class by the module it was in then.
+FORMER_MODULES = {"SoftKIPosterior": "gpscale.methods._softki_posterior",
+                  "SufficientStatistics": "gpscale.methods._ski_parts",
+                  "Grid": "gpscale.linalg.grid"}
+
+
+@pytest.mark.parametrize("key, options", [
+    ("softki", {"num_inducing": 8}),
+    ("ggp", {"grid_size": [10, 9]}),
+])
+def test_a_pickled_summary_naming_former_modules_converts(key, options, toy_regression,
+                                                          tmp_path, monkeypatch):
+    """A pickled model.pt records its summary's dataclasses by the modules they lived in when
+    it was written (``gpscale.methods._softki_posterior.SoftKIPosterior``, GGP's statistics in
+    ``_ski_parts`` and its grid in ``gpscale.linalg.grid``). Those modules are gone (issue #45);
+    the converter reads the file all the same and the model predicts alike."""
+    x, y = toy_regression
+    model = build(key, 2, init=(x, y), **options)
+    with torch.no_grad():
+        state = model.posterior(x, y)
+    old = tmp_path / "old.pt"
+    with monkeypatch.context() as m:  # pickle the classes under their former names
+        for cls in model.summary_types:
+            if (former := FORMER_MODULES.get(cls.__qualname__)) is not None:
+                m.setitem(sys.modules, former, types.ModuleType(former))
+                m.setattr(sys.modules[former], cls.__qualname__, cls, raising=False)
+                m.setattr(cls, "__module__", former)
+        torch.save({"format": LEGACY_FORMAT, "kind": "method", "transform": None, "info": {},
+                    "model": model_payload(model, summary=model.summary(state))}, old)
+    raw = old.read_bytes()
+    named = [former for name, former in FORMER_MODULES.items()
+             if f"{former}\n{name}\n".encode() in raw]
+    assert len(named) == {"softki": 1, "ggp": 2}[key]
+    assert convert(old, tmp_path / "new.pt", trust=True) == "method"
+    saved = load_with_data(tmp_path / "new.pt")
+    with torch.no_grad():
+        want = model.predict(state, x)
+        got = saved.model.predict(saved.state(), x)
+    torch.testing.assert_close(got.mean, want.mean, rtol=0, atol=0)
+    torch.testing.assert_close(got.variance, want.variance, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("value", [

@@ -1,4 +1,6 @@
-"""The package's shape (issue #17): no file over 500 lines, no import cycle, layers import down.
+"""The package's shape (issue #17): no file over 500 lines, no import cycle, layers import down;
+``methods/`` holds its shared modules and one package per inference family (issue #45), and no
+family imports another.
 
 Read from the source with :mod:`ast` (nothing is imported). A module's imports are its
 ``import gpscale...`` / ``from gpscale... import ...`` statements at any depth except under
@@ -9,6 +11,7 @@ is a module, and importing ``gpscale.a.b`` also runs ``gpscale/a/__init__.py``.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,12 @@ MAX_LINES = 500
 # chunked / block-sparse primitives, so it sits above linalg; linalg knows no kernel objects.)
 LAYERS = ("gpscale.cli", "gpscale.benchmarks", "gpscale.run", "gpscale.training",
           "gpscale.methods", "gpscale.likelihoods", "gpscale.kernels", "gpscale.linalg")
+# methods/: one package per inference family, beside the modules every family shares; a family
+# imports those and never another family. The two former module paths of the data-parallel
+# pieces re-export them (gpscale.methods.cagp.sharded, gpscale.methods.ski.sharded).
+FAMILIES = ("baselines", "cagp", "iterncgp", "ski", "softki", "solvegp")
+SHARED = ("base", "options", "registry", "auto", "_common")
+FORMER_PATHS = ("cagp_sharded", "ggp_sharded")
 
 
 def _modules() -> dict[str, Path]:
@@ -148,3 +157,44 @@ def test_layers_import_downwards_only(name):
     upward = sorted(t for t in _imports(name, top_level_only=False)
                     if (r := _layer(t)) is not None and r < rank)
     assert not upward, f"{name} imports from a layer above it: {upward}"
+
+
+def _family(name: str) -> str | None:
+    for family in FAMILIES:
+        package = f"gpscale.methods.{family}"
+        if name == package or name.startswith(package + "."):
+            return family
+    return None
+
+
+def test_methods_holds_the_shared_modules_and_one_package_per_family():
+    """No family's files lie loose beside the shared ones (issue #45: no ``_cagp_*.py``)."""
+    found = {p.name for p in (PACKAGE / "methods").iterdir() if p.name != "__pycache__"}
+    expected = {"__init__.py", *FAMILIES, *(f"{m}.py" for m in SHARED + FORMER_PATHS)}
+    assert found == expected, (f"unexpected: {sorted(found - expected)}; "
+                               f"missing: {sorted(expected - found)}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_package_says_what_each_of_its_files_holds(family):
+    """The family's ``__init__`` docstring names each of its public modules."""
+    init = MODULES[f"gpscale.methods.{family}"]
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    unnamed = sorted(path.stem for path in init.parent.glob("*.py")
+                     if not path.stem.startswith("_") and not re.search(rf"\b{path.stem}\b", doc))
+    assert not unnamed, f"gpscale.methods.{family}'s docstring does not mention {unnamed}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _family(n) is not None))
+def test_a_family_imports_no_other_family(name):
+    """Also lazy and annotation-only imports: what two families share goes to a shared module."""
+    others = sorted(t for t in _imports(name, top_level_only=False, type_checking=True)
+                    if _family(t) not in (None, _family(name)))
+    assert not others, f"{name} imports another method family: {others}"
+
+
+@pytest.mark.parametrize("name", [f"gpscale.methods.{m}" for m in SHARED])
+def test_the_shared_methods_modules_import_no_family(name):
+    families = sorted(t for t in _imports(name, top_level_only=False, type_checking=True)
+                      if _family(t) is not None)
+    assert not families, f"{name} is shared by the families but imports {families}"

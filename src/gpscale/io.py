@@ -321,10 +321,23 @@ def _torch_before(version: tuple[int, int]) -> bool:
     return (major, minor) < version
 
 
+# The summary types that have moved since gpscale wrote the pickled formats: their path now →
+# their path then, the name an old file gives them (the modules of then are gone).
+_PICKLED_AS = {
+    "gpscale.methods.softki.posterior.SoftKIPosterior":
+        "gpscale.methods._softki_posterior.SoftKIPosterior",
+    "gpscale.methods.ski.statistics.SufficientStatistics":
+        "gpscale.methods._ski_parts.SufficientStatistics",
+    "gpscale.linalg.interpolation.Grid": "gpscale.linalg.grid.Grid",
+}
+
+
 def _legacy_globals() -> list[Any]:
     """What the pickled formats held besides tensors and containers: NumPy arrays (class
     labels) and the dataclasses of the methods' summaries (SoftKI's posterior, GGP's
-    statistics). Nothing that runs code."""
+    statistics), a moved one also under the name an old file gives it (:data:`_PICKLED_AS`:
+    the restricted unpickler looks a class up by that name and imports nothing). Nothing that
+    runs code."""
     import importlib
 
     from gpscale.methods.base import Method
@@ -339,7 +352,9 @@ def _legacy_globals() -> list[Any]:
         cls = classes.pop()
         summaries.update(cls.summary_types)
         classes += cls.__subclasses__()
-    return [*arrays, *dtypes, *summaries]
+    former = [(cls, _PICKLED_AS[path]) for cls in summaries
+              if (path := f"{cls.__module__}.{cls.__qualname__}") in _PICKLED_AS]
+    return [*arrays, *dtypes, *summaries, *former]
 
 
 def _is_legacy_checkpoint(payload: Any) -> bool:

@@ -12,9 +12,9 @@ from gpscale.distributed import all_gather_rows, all_reduce_sum, current, shard_
 from gpscale.distributed.env import DistEnv
 from gpscale.distributed.reduce import check_replicated, reduce_gradients
 from gpscale.methods import build
-from gpscale.methods import cagp_sharded as dcagp
-from gpscale.methods import ggp_sharded as dggp
 from gpscale.methods.baselines import svgp  # noqa: F401  (registers svgp)
+from gpscale.methods.cagp import sharded as dcagp
+from gpscale.methods.ski import sharded as dggp
 from gpscale.training import FitConfig, fit
 from gpscale.training.parallel import DataParallel
 

@@ -15,7 +15,7 @@ import torch
 from gpscale.cli.__main__ import main
 from gpscale.distributed import launch
 from gpscale.distributed.shard import shard_range
-from gpscale.methods import ggp_sharded as dggp
+from gpscale.methods.ski import sharded as dggp
 from gpscale.training import FitConfig, fit
 
 from . import _jobs

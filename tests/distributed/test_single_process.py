@@ -15,7 +15,7 @@ from gpscale.distributed import (
 from gpscale.distributed.reduce import gather_predictive, reduce_gradients, weighted_mean
 from gpscale.distributions import Predictive
 from gpscale.methods import build
-from gpscale.methods import cagp_sharded as dcagp
+from gpscale.methods.cagp import sharded as dcagp
 from gpscale.training import FitConfig, fit
 from gpscale.training.parallel import DataParallel
 
@@ -118,7 +118,7 @@ def test_sharded_cagp_falls_back_to_float64_like_cagp(no_torchrun, monkeypatch):
     test_cagp_training) is not factored with that jitter on the data-parallel path either: the
     products are recomputed in float64 (every rank alike: G_K is reduced first) and the loss
     equals the float64 model's."""
-    from gpscale.methods import cagp_sharded
+    from gpscale.methods.cagp import sharded as cagp_sharded
 
     x, y, _ = _jobs.data(120)
     prior = {"lengthscale": 3.0, "outputscale": 1e4, "noise": 1e-4}

@@ -257,7 +257,7 @@ def test_cell_blocks_sum_to_the_per_point_outer_products(max_group):
 @pytest.mark.parametrize("buffer", [0, None], ids=["direct", "cell-buffer"])
 def test_statistics_accumulator_gram_is_dense_WtW(buffer):
     """Per-cell buffer or direct scatter, over several chunks: the stencil equals dense WᵀW."""
-    from gpscale.methods._ski_parts import StatisticsAccumulator
+    from gpscale.methods.ski.statistics import StatisticsAccumulator
 
     grid = make_grid([0.0] * 3, [1.0] * 3, [7, 6, 8])
     x = torch.cat([_points(150, 3), 0.4 + 0.05 * _points(150, 3, seed=2)])

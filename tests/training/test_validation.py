@@ -54,7 +54,7 @@ def test_fit_keeps_the_best_heldout_epoch_and_stops_without_improvement():
     assert rows[-1]["restored_epoch"] == rows[best]["epoch"]
     assert float(model.w.detach()) == pytest.approx(rows[best]["w"])
     assert abs(float(model.w.detach()) - 3.0) < 1.0
-    assert all(b["time_s"] > a["time_s"] for a, b in zip(rows, rows[1:]))
+    assert all(b["time_s"] > a["time_s"] for a, b in zip(rows, rows[1:], strict=False))
 
 
 def test_an_improving_score_keeps_the_last_epoch():

@@ -3,7 +3,7 @@
 Not a registered suite (the lead decides where it goes). :func:`bench_cagp` launches P local
 ranks (:func:`~gpscale.distributed.launch.launch`) for each P asked for; each rank generates the
 same synthetic data, keeps its shard, builds the same ``cagp-opt`` model and trains a few Adam
-epochs with the data-parallel loss (:mod:`gpscale.methods.cagp_sharded`). ``'single'`` adds the
+epochs with the data-parallel loss (:mod:`gpscale.methods.cagp.sharded`). ``'single'`` adds the
 ordinary single-process path (``CaGP.loss(CaGP.condition(X, y))``, the symmetric kernel
 product) in a process of its own for comparison.
 
@@ -14,7 +14,7 @@ above the rank's memory just before training (``VmHWM`` reset, see
 should fall roughly as 1/P: K(X_r, X) S is n/P × i. Do not run it at large n on the 2-core
 development machine; the issue's figure is n = 40,000.
 
-:func:`bench_ggp` does the same for GGP (:mod:`gpscale.methods.ggp_sharded`): each rank draws only
+:func:`bench_ggp` does the same for GGP (:mod:`gpscale.methods.ski.sharded`): each rank draws only
 its rows of a :class:`~gpscale.data.synthetic.FieldStream` (x ~ U[0, 1]^d, a smooth random
 field plus noise; the stream's chunks are seeded by their index, so P = 1 and P = 2 see the same
 n points), holds them, computes its sufficient statistics in one pass and all-reduces them,
@@ -39,8 +39,8 @@ from gpscale.distributed.launch import launch
 from gpscale.distributed.reduce import all_gather_rows, all_reduce_max
 from gpscale.distributed.shard import shard_range
 from gpscale.methods import build
-from gpscale.methods import cagp_sharded as dcagp
-from gpscale.methods import ggp_sharded as dggp
+from gpscale.methods.cagp import sharded as dcagp
+from gpscale.methods.ski import sharded as dggp
 from gpscale.training import FitConfig, fit
 from gpscale.training.parallel import DataParallel
 

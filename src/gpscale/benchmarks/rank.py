@@ -27,11 +27,11 @@ from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
 from gpscale.errors import NonFiniteLossError
 from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
-from gpscale.methods import cagp_sharded as dcagp
-from gpscale.methods import ggp_sharded as dggp
 from gpscale.methods.base import Method
 from gpscale.methods.cagp import CaGP
+from gpscale.methods.cagp import sharded as dcagp
 from gpscale.methods.ski import GGP
+from gpscale.methods.ski import sharded as dggp
 from gpscale.run import (
     RunSpec,
     fit_config,

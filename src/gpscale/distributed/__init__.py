@@ -15,8 +15,8 @@ Modules:
 - :mod:`~gpscale.distributed.launch` — ``gpscale fit --nproc P``: P local processes.
 
 This package is the infrastructure only. The sharded losses live beside their methods
-(:mod:`gpscale.methods.cagp_sharded`: CaGP-Opt's ELBO from per-rank pieces;
-:mod:`gpscale.methods.ggp_sharded`: per-rank sufficient statistics, one all-reduce), the
+(:mod:`gpscale.methods.cagp.sharded`: CaGP-Opt's ELBO from per-rank pieces;
+:mod:`gpscale.methods.ski.sharded`: per-rank sufficient statistics, one all-reduce), the
 ``training.fit`` hook in :mod:`gpscale.training.parallel`, one rank of ``gpscale fit`` in
 :mod:`gpscale.benchmarks.rank` and the scaling benchmark in :mod:`gpscale.benchmarks.distributed`.
 

@@ -1,6 +1,14 @@
 """Inference families behind the Method contract, and the registry of method keys.
 
-Importing this package registers the built-in keys: each method module registers its own with
+One package per family — ``cagp``, ``iterncgp``, ``ski`` (SKI and GGP), ``softki``, ``solvegp``
+and ``baselines`` (GPyTorch's models) — whose ``__init__`` says which file holds what. Beside
+them the modules every family shares: ``base`` (the Method contract), ``options`` (declared
+options), ``registry`` (method keys), ``auto`` (``method="auto"``) and ``_common`` (prior and
+inducing-point set-up, memory limits). A family imports the shared modules, never another
+family. ``cagp_sharded`` and ``ggp_sharded`` re-export the data-parallel modules from their
+former paths.
+
+Importing this package registers the built-in keys: each family registers its own with
 :func:`~gpscale.methods.registry.register` when it is imported below (the registry itself imports
 no method module).
 """

@@ -8,6 +8,8 @@
   restores the caller's flags afterwards (GPyTorch switches behaviour on ``.training``).
 - :func:`translate_cholesky_errors` turns linear_operator's ``NotPSDError`` into our
   :class:`~gpscale.errors.NumericalError`.
+- :func:`dense_operator_limit` is how many bytes a method may spend on holding an n × n kernel
+  matrix for gradient-free products (CaGP-CG's CG operator, IterNCGP's training products).
 
 Default initial hyperparameters, chosen for standardised inputs and targets:
 
@@ -37,6 +39,7 @@ from torch import Tensor, nn
 
 from gpscale.errors import NumericalError
 from gpscale.kernels import make_kernel
+from gpscale.methods.auto import available_memory
 from gpscale.methods.options import PREFIT_OPTIONS
 from gpscale.validation import check_num_points, check_x, check_xy
 
@@ -44,9 +47,16 @@ __all__ = [
     "check_task_and_init", "default_size", "follow_init", "prior_options", "prior_modules",
     "gaussian_likelihood", "kmeans_points", "inducing_options", "initial_inducing_points",
     "resolve_num_classes", "gpytorch_mode", "translate_cholesky_errors", "pop_prefit_options",
+    "DENSE_OPERATOR_BYTES", "dense_operator_limit",
 ]
 
 DEFAULT_NOISE_FRACTION = 0.1
+
+DENSE_OPERATOR_BYTES = 2**33
+"""The largest kernel matrix (bytes) a method holds for gradient-free products (CaGP-CG's
+:class:`~gpscale.methods.cagp.cg.KernelOperator`, IterNCGP's training products), further
+limited to half the memory free at the time (:func:`dense_operator_limit`): 8 GiB holds
+n ≤ 46,340 in float32 (n ≤ 32,768 in float64)."""
 
 
 def check_task_and_init(key: str, task: str, tasks: tuple[str, ...], num_dims: int,
@@ -253,3 +263,14 @@ def translate_cholesky_errors(what: str, hint: str) -> Iterator[None]:
     except NotPSDError as err:
         raise NumericalError(f"Cholesky factorisation of the {what} failed after GPyTorch's "
                              f"jitter retries ({err}). {hint}") from err
+
+
+def dense_operator_limit(device: torch.device | None = None) -> int:
+    """Bytes a held kernel matrix may take on ``device``: :data:`DENSE_OPERATOR_BYTES`, at
+    most half the memory free there now (host memory where the system says; a CUDA device's
+    own free memory)."""
+    if device is not None and device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = available_memory()
+    return DENSE_OPERATOR_BYTES if free is None else min(DENSE_OPERATOR_BYTES, free // 2)

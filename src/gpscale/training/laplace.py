@@ -1,8 +1,8 @@
 """Kernel learning for IterNCGP: Newton/IterGP steps alternating with hyperparameter steps.
 
 The objective is the computation-aware Laplace evidence of
-:mod:`gpscale.methods._iterncgp_evidence` (derivation: ``docs/iterncgp_evidence.md``). One
-round (:class:`~gpscale.methods._iterncgp_evidence.KernelLearning`):
+:mod:`gpscale.methods.iterncgp.evidence` (derivation: ``docs/iterncgp_evidence.md``). One
+round (:class:`~gpscale.methods.iterncgp.evidence.KernelLearning`):
 
 1. fix the current iterate f̂, W(f̂) and IterGP's buffered actions;
 2. maximise the evidence over the kernel hyperparameters with L-BFGS (a few iterations; two

@@ -10,9 +10,9 @@ identical and they stop together. Two kinds of loss (module docstring of
 - ``'local'`` — minibatch methods (``svgp`` and every ``minibatch=True`` method): the per-datum
   loss on the rank's batch; gradients and loss values are averaged weighted by batch size, which
   is exactly the loss and gradient on the union of the batches (the global batch).
-- ``'global'`` — data-parallel CaGP-Opt (:mod:`gpscale.methods.cagp_sharded`): every rank
+- ``'global'`` — data-parallel CaGP-Opt (:mod:`gpscale.methods.cagp.sharded`): every rank
   computes the same full-data loss through differentiable all-reduces; gradients are averaged
-  plainly. GGP (:mod:`gpscale.methods.ggp_sharded`) is 'global' too: its statistics are
+  plainly. GGP (:mod:`gpscale.methods.ski.sharded`) is 'global' too: its statistics are
   all-reduced once before training, after which every rank computes the same loss from the same
   numbers.
 """

@@ -33,9 +33,9 @@ from torch import Tensor
 
 from gpscale.errors import NumericalError
 from gpscale.kernels import kernel_hyperparameters
-from gpscale.methods._cagp_cg import cg_action_cap
 from gpscale.methods._common import default_size
-from gpscale.methods._iterncgp_setup import resolve_ard
+from gpscale.methods.cagp.cg import cg_action_cap
+from gpscale.methods.iterncgp.latent import resolve_ard
 from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS, GPYTORCH_NOISE_FLOOR
 from gpscale.methods.registry import build, get_spec
 from gpscale.training.config import METHOD_DEFAULTS, FitConfig

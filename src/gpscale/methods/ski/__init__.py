@@ -1,0 +1,29 @@
+"""SKI and GGP: structured kernel interpolation, and the same model from sufficient statistics
+(``ski``, ``ggp``; inputs of at most 3 dimensions).
+
+Wilson & Nickisch (2015), KISS-GP / SKI; Yadav, Sheldon & Musco (2021), "Faster Kernel
+Interpolation for Gaussian Processes", arXiv:2101.11751 (notes/002_fki.md). SKI approximates
+K(X, X) by W K_G Wᵀ (W sparse interpolation onto a regular grid of m nodes, K_G structured on
+the grid) and runs CG on n-vectors. GGP (the paper's GSGP) computes WᵀW, Wᵀy, yᵀy and n once,
+in one streaming pass, and then runs the same iterations in m dimensions, at a cost per
+iteration independent of n.
+
+==============  ================================================================================
+``model``       :class:`SKI` and :class:`GGP`: the two models, their predictive, the factories
+                and the registration of their keys
+``statistics``  :class:`SufficientStatistics` and :func:`sufficient_statistics` (the streaming
+                pass), and the resolution of the grid options
+``solve``       GGP's m-dimensional solves and the :class:`GridState` they assemble
+``sharded``     GGP's statistics from per-rank shards for data-parallel training (not imported
+                here: it needs :mod:`gpscale.distributed`)
+==============  ================================================================================
+
+Importing the package registers ``ski`` and ``ggp``.
+"""
+
+from gpscale.methods.ski.model import GGP, SKI, SOLVERS, VARIANCES, build_ggp, build_ski
+from gpscale.methods.ski.solve import GridState
+from gpscale.methods.ski.statistics import SufficientStatistics, sufficient_statistics
+
+__all__ = ["GGP", "SKI", "GridState", "SufficientStatistics", "build_ggp", "build_ski",
+           "sufficient_statistics", "SOLVERS", "VARIANCES"]

@@ -1,0 +1,129 @@
+"""SoftKI's held-out rows: the held-out NLL against a dense float64 reference, the calibration's
+minimiser, and the training path that holds rows out, keeps the best epoch and conditions on all."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpscale.methods import build
+from gpscale.methods.softki.validation import (
+    MONITOR_MAX_ROWS,
+    VALIDATION_MAX_ROWS,
+    VALIDATION_MIN_ROWS,
+    calibrate,
+    held_out_statistics,
+    holdout_rows,
+)
+from gpscale.training.config import FitConfig
+from gpscale.training.harness import train_built
+
+
+def _dense_heldout_nll(G, r, G_h, r_h, a, s):
+    """Mean NLL of r_h under the posterior of Σ = a G Gᵀ + s I given r, by dense solves."""
+    n = G.shape[0]
+    cov = a * G @ G.mT + s * torch.eye(n, dtype=torch.float64)
+    cross = a * G_h @ G.mT
+    mean = cross @ torch.linalg.solve(cov, r)
+    var = a * (G_h * G_h).sum(1) - (cross * torch.linalg.solve(cov, cross.mT).mT).sum(1) + s
+    return float((0.5 * (torch.log(2 * math.pi * var) + (r_h - mean) ** 2 / var)).mean())
+
+
+def _stats(G, r, G_h, r_h, chunk=7):
+    rows = torch.arange(G.shape[0] + G_h.shape[0])[:, None].double()
+    both = torch.cat([G, G_h])
+    n = G.shape[0]
+    return held_out_statistics(lambda idx: both[idx[:, 0].long()], (rows[:n], r),
+                               (rows[n:], r_h), chunk)
+
+
+@pytest.mark.parametrize("rank", [6, 3])  # full column rank, and a rank-deficient G
+def test_heldout_nll_equals_the_dense_posterior(rank, generator):
+    n, nh, m = 50, 20, 6
+    basis = torch.randn(rank, m, generator=generator, dtype=torch.float64)
+    G = torch.randn(n, rank, generator=generator, dtype=torch.float64) @ basis
+    G_h = torch.randn(nh, rank, generator=generator, dtype=torch.float64) @ basis
+    r, r_h = (torch.randn(k, generator=generator, dtype=torch.float64) for k in (n, nh))
+    stats = _stats(G, r, G_h, r_h)
+    pairs = [(1.0, 0.1), (0.05, 1e-3), (30.0, 2.0)]
+    ours = stats.nll(torch.tensor([a for a, _ in pairs]), torch.tensor([s for _, s in pairs]))
+    for value, (a, s) in zip(ours.tolist(), pairs, strict=True):
+        assert value == pytest.approx(_dense_heldout_nll(G, r, G_h, r_h, a, s), rel=1e-9)
+
+
+def test_calibration_finds_the_minimum_of_the_heldout_nll(generator):
+    """Rows drawn from Σ = a₀ G Gᵀ + s₀ I with fewer fit rows than it takes to pin the weights
+    down (so a matters): the calibration's value is no worse than a fine brute-force grid's
+    best, nor than the truth's, its point is a local minimum, and s lands near s₀."""
+    n, nh, m, a0, s0 = 120, 3000, 40, 4.0, 0.2
+    G = torch.randn(n + nh, m, generator=generator, dtype=torch.float64) / math.sqrt(m)
+    w = torch.randn(m, generator=generator, dtype=torch.float64)
+    r_all = math.sqrt(a0) * G @ w + math.sqrt(s0) * torch.randn(n + nh, generator=generator,
+                                                                 dtype=torch.float64)
+    stats = _stats(G[:n], r_all[:n], G[n:], r_all[n:], chunk=50)
+    nll, a, s = calibrate(stats, noise_floor=1e-6)
+    la, ls = torch.meshgrid(torch.linspace(-3, 6, 181, dtype=torch.float64),
+                            torch.linspace(-5, 1, 181, dtype=torch.float64), indexing="ij")
+    brute = float(stats.nll(la.reshape(-1).exp(), ls.reshape(-1).exp()).min())
+    truth = float(stats.nll(torch.tensor([a0]), torch.tensor([s0]))[0])
+    assert nll <= brute + 1e-4 and nll <= truth
+    assert nll == pytest.approx(_dense_heldout_nll(G[:n], r_all[:n], G[n:], r_all[n:], a, s),
+                                rel=1e-9)
+    for da, ds in ((1.2, 1.0), (1 / 1.2, 1.0), (1.0, 1.2), (1.0, 1 / 1.2)):
+        assert float(stats.nll(torch.tensor([a * da]), torch.tensor([s * ds]))[0]) >= nll
+    assert s == pytest.approx(s0, rel=0.3) and a > 0.5
+    noise_only = calibrate(stats, noise_floor=1e-6, fit_scale=False)
+    assert noise_only[1] == 1.0 and noise_only[0] >= nll - 1e-12
+
+
+def test_holdout_rows_are_a_capped_share():
+    assert holdout_rows(14_940, 0.1) == 1494
+    assert holdout_rows(2_000_000, 0.1) == VALIDATION_MAX_ROWS
+    assert holdout_rows(10 * VALIDATION_MIN_ROWS - 20, 0.1) == 0  # too few to calibrate by
+    assert holdout_rows(50_000, 0.0) == 0
+    assert MONITOR_MAX_ROWS >= VALIDATION_MAX_ROWS
+
+
+def _noisy_sine(generator, n=1500):
+    x = torch.rand(n, 2, generator=generator, dtype=torch.float64) * 4
+    y = torch.sin(2 * x[:, 0]) * torch.cos(x[:, 1]) + 0.2 * torch.randn(
+        n, generator=generator, dtype=torch.float64)
+    return x, y
+
+
+def test_training_holds_rows_out_keeps_the_best_epoch_and_conditions_on_all(generator):
+    x, y = _noisy_sine(generator)
+    model = build("softki", 2, init=(x, y), num_inducing=32)
+    assert model.holdout_rows(x.shape[0]) == 150
+    config = FitConfig(epochs=12, batch_size=256, lr=0.05, dtype="float64", max_time=None)
+    history, state = train_built(model, (x, y), config)
+    rows = history.rows
+    assert all("heldout_nll" in row for row in rows)
+    best = min(range(len(rows)), key=lambda i: rows[i]["heldout_nll"])
+    last = rows[-1]
+    assert last["heldout_rows"] == 150.0
+    if best != len(rows) - 1:  # restored: the model holds the best epoch's parameters
+        assert last["restored_epoch"] == rows[best]["epoch"]
+    # β² and the outputscale were set on the held-out rows, and the state conditions on all rows
+    assert float(model.noise) == pytest.approx(last["noise_calibrated"])
+    assert last["outputscale_factor"] > 0
+    with torch.no_grad():
+        again = model.posterior(x, y)
+        torch.testing.assert_close(model.predict(state, x[:50]).mean,
+                                   model.predict(again, x[:50]).mean)
+    # the held-out NLL reported after calibration is that of its rows under the final model
+    assert math.isfinite(last["heldout_nll"])
+
+
+def test_no_rows_held_out_when_switched_off(generator):
+    x, y = _noisy_sine(generator, n=600)
+    config = FitConfig(epochs=3, batch_size=200, lr=0.05, dtype="float64", max_time=None)
+    for options in ({"validation": 0.0}, {"calibrate_noise": False}):
+        model = build("softki", 2, init=(x, y), num_inducing=16, **options)
+        assert model.holdout_rows(x.shape[0]) == 0
+        history, _ = train_built(model, (x, y), config)
+        assert not any("heldout_nll" in row for row in history.rows)
+    with pytest.raises(ValueError, match="validation"):
+        build("softki", 2, init=(x, y), num_inducing=16, validation=1.0)
