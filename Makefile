@@ -1,4 +1,4 @@
-# `make demo` and `make test` each create the virtual environment if it is missing.
+# `make demo`, `make test` and `make docs` each create the virtual environment if it is missing.
 # torch is pinned in the install step (a CPU wheel of 2.13.0 is available offline on our
 # machines); the package itself accepts torch>=2.1.
 VENV ?= .venv
@@ -7,12 +7,12 @@ STAMP := $(VENV)/.gpscale-installed
 TORCH_PIN ?= torch==2.13.0
 export GPSCALE_DATA ?= $(abspath ../shared/data)
 
-.PHONY: demo test test-all lint bench-peers clean
+.PHONY: demo test test-all lint docs bench-peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,8 +29,13 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 
+# The documentation site (Sphinx: docs/conf.py says why). Warnings are errors, as in CI;
+# --keep-going lists all of them before failing. Open docs/_build/html/index.html.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
 bench-peers: $(STAMP)
 	$(VENV)/bin/gpscale bench peers --out runs/bench-peers
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache docs/_build

@@ -4,7 +4,7 @@
 otherwise; ``device="cuda"`` would instead be an error without one. The estimator builds the
 method from the data, moves it and the data to the device, and returns predictions as NumPy
 arrays either way. On a GPU, ``auto`` also picks differently: the exact GP while its matrices
-fit in the card's memory (README "On a GPU"). The script says which device it used, how long
+fit in the card's memory (docs/guide/gpu.md). The script says which device it used, how long
 training took, and the test RMSE next to that of predicting the training mean. It then saves
 the fitted estimator to ``--out``/model.pt and loads it back, which always gives a CPU model.
 

@@ -5,7 +5,7 @@ GPUs); each holds one shard of the training rows. Minibatch methods (``svgp``, `
 ``softki``) average their gradients across the processes, with ``--batch-size`` the global
 batch; ``cagp-opt`` and ``ggp`` compute the same loss and gradients as one process would.
 Other methods have no data-parallel path and are refused. Across machines, run ``torchrun``
-on each instead (README "Several processes and machines").
+on each instead (docs/guide/distributed.md).
 
 The script writes a synthetic 8-input table with ``gpscale datasets synthesize``, trains on
 it with ``gpscale fit --nproc 2`` and prints the metrics that run writes to ``metrics.json``.

@@ -9,14 +9,16 @@ backward pass (blocks are recomputed there; see :mod:`gpscale.linalg.chunked`).
 
 Backends of ``kernel_matmul`` (all compute the same numbers up to rounding):
 
-| backend    | kernels                          | how                                          |
-|------------|----------------------------------|----------------------------------------------|
-| `eager`    | any GPyTorch kernel              | ``kernel(x2, x1c)ᵀ @ rhs`` (centred on x2)   |
-| `fused`    | [Scale](RBF, Matérn ½, 3/2, 5/2) | distance → profile → product, plain PyTorch  |
-| `compiled` | as `fused`                       | the same, elementwise part ``torch.compile``d |
-| `keops`    | as `fused`                       | pykeops (``pip install gpscale[keops]``)     |
-| `native`   | as `fused`, CPU                  | C row kernels (:mod:`gpscale.linalg.native`) |
-| `triton`   | as `fused`, CUDA                 | Triton kernels (:mod:`gpscale.linalg.triton`) |
+============  ================================  ====================================================
+backend       kernels                           how
+============  ================================  ====================================================
+``eager``     any GPyTorch kernel               ``kernel(x2, x1c)ᵀ @ rhs`` (centred on x2)
+``fused``     [Scale](RBF, Matérn ½, 3/2, 5/2)  distance → profile → product, plain PyTorch
+``compiled``  as ``fused``                      the same, its elementwise part by ``torch.compile``
+``keops``     as ``fused``                      pykeops (``pip install gpscale[keops]``)
+``native``    as ``fused``, CPU                 C row kernels (:mod:`gpscale.linalg.native`)
+``triton``    as ``fused``, CUDA                Triton kernels (:mod:`gpscale.linalg.triton`)
+============  ================================  ====================================================
 
 `native` covers the block-sparse products of CaGP-Opt (``kernel_block_sparse_matmul``, and the
 rectangular one without gradients) and, where nothing needs a gradient, the dense product
@@ -152,8 +154,8 @@ class KernelHyperparameters:
 
     Attributes:
         profile: a key of :data:`gpscale.linalg.fused.PROFILES` ('rbf', 'matern12', ...).
-        lengthscale: (*batch, 1, d) with ARD, else (*batch, 1, 1); differentiable.
-        outputscale: (*batch,); ones for an unscaled base kernel; differentiable.
+        lengthscale: ``(*batch, 1, d)`` with ARD, else ``(*batch, 1, 1)``; differentiable.
+        outputscale: ``(*batch,)``; ones for an unscaled base kernel; differentiable.
     """
 
     profile: str

@@ -94,7 +94,7 @@ def multiclass_nll(probs: Tensor, y: Tensor, eps: float = 1e-12) -> float:
 def ece(probs: Tensor, y: Tensor, num_bins: int = 15) -> float:
     """Expected calibration error with ``num_bins`` equal-width confidence bins on [0, 1].
 
-    ECE = sum_b (|B_b| / t) * |acc(B_b) - conf(B_b)|, where a point falls in bin b when its top
+    ``ECE = sum_b (|B_b| / t) * |acc(B_b) - conf(B_b)|``, where a point falls in bin b when its top
     probability lies in (b/num_bins, (b+1)/num_bins] (the first bin also takes 0).
     """
     _same_length(probs, y)
@@ -110,7 +110,8 @@ def ece(probs: Tensor, y: Tensor, num_bins: int = 15) -> float:
 
 
 def coverage_error(mean: Tensor, variance: Tensor, y: Tensor, level: float = 0.95) -> float:
-    """|fraction of y inside the central ``level`` interval of N(mean, variance) - level|."""
+    """The absolute difference between the fraction of y inside the central ``level`` interval
+    of N(mean, variance) and ``level``."""
     _same_length(mean, y)
     z = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(level, dtype=torch.float64)))
     inside = (y - mean).abs() <= z * variance.sqrt()

@@ -102,7 +102,7 @@ def test_regressor_defaults_to_auto_and_says_why(caplog):
     assert reg.method == "auto" and reg.method_ == "exact"
     assert "n = 60" in reg.method_reason_
     assert any("method auto: n = 60" in r.getMessage() for r in caplog.records)
-    # and the budget line, as `gpscale fit` prints it (README "Training defaults")
+    # and the budget line, as `gpscale fit` prints it (docs/guide/options.md, "Training defaults")
     assert any(r.getMessage().startswith("exact: training for at most 3 epochs")
                for r in caplog.records)
     # the fitted key is what was trained; options are checked against it at fit

@@ -53,7 +53,7 @@ class _AllReduceSum(torch.autograd.Function):
 
 
 def all_reduce_sum(t: Tensor) -> Tensor:
-    """Σ over ranks of ``t`` (any shape), differentiable (see the module docstring). O(|t|)."""
+    """Σ over ranks of ``t`` (any shape), differentiable (see the module docstring). O(numel)."""
     if not current().active:
         return t
     return _AllReduceSum.apply(t)

@@ -112,7 +112,7 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("classification", f"n·C > {ITERNCGP_MAX_NC:,}", "svgp"),
     ("counts", "any", "iterncgp"),
 )
-"""(task, condition, method), first match wins: what ``gpscale methods auto`` prints."""
+"""Rows of (task, condition, method), first match wins; ``gpscale methods auto`` prints them."""
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,15 @@ kinds and defaults. ``gpscale methods KEY`` prints the declaration (:func:`descr
 
 Kinds:
 
-=========  ============================================================================
-``int``    an integer (``"32"``; not ``32.5`` nor ``"32.5"``; a bool is not an int)
-``float``  a real number (ints accepted)
-``bool``   ``True``/``False``; from text ``true/false/yes/no/on/off/1/0`` (any case)
-``str``    text, usually one of ``choices``
-``floats`` a number or a (nested) list of numbers (e.g. one lengthscale per input dimension)
-``ints``   an integer or a list of integers (e.g. a grid size per dimension)
-``bounds`` a box ``(lower, upper)``, each a list of numbers; text ``[[0, 0], [1, 1]]``
-=========  ============================================================================
+==========  ============================================================================
+``int``     an integer (``"32"``; not ``32.5`` nor ``"32.5"``; a bool is not an int)
+``float``   a real number (ints accepted)
+``bool``    ``True``/``False``; from text ``true/false/yes/no/on/off/1/0`` (any case)
+``str``     text, usually one of ``choices``
+``floats``  a number or a (nested) list of numbers (e.g. one lengthscale per input dimension)
+``ints``    an integer or a list of integers (e.g. a grid size per dimension)
+``bounds``  a box ``(lower, upper)``, each a list of numbers; text ``[[0, 0], [1, 1]]``
+==========  ============================================================================
 
 An option whose default is ``None`` (``nullable``) also takes ``None`` (text ``none``/``null``),
 meaning "choose from the data"; one with ``allow_none`` takes it to switch a bound off.

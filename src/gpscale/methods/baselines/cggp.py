@@ -123,9 +123,9 @@ def build_cggp(num_dims: int, *, task: str = "regression", num_classes: int | No
         task: must be ``"regression"``.
         num_classes: unused (regression).
         init: ``(x, y)`` for data-dependent initial hyperparameters, or ``None`` to rebuild.
-        cg_tolerance, eval_cg_tolerance, max_cg_iterations, num_trace_samples,
-            max_lanczos_quadrature_iterations, max_preconditioner_size,
-            min_preconditioning_size: see :class:`CGSettings`.
+        cg_tolerance: with ``eval_cg_tolerance``, ``max_cg_iterations``, ``num_trace_samples``,
+            ``max_lanczos_quadrature_iterations``, ``max_preconditioner_size`` and
+            ``min_preconditioning_size``, the fields of :class:`CGSettings`.
         **prior: ``kernel``, ``ard``, ``lengthscale``, ``outputscale``, ``noise``,
             ``mean_constant`` (see :func:`~gpscale.methods._common.prior_options`).
 

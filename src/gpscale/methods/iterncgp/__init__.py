@@ -8,21 +8,21 @@ approximately by IterGP from the recycled (and compressed) actions of the steps 
 posterior's variance counts the computation not done. Classification (Bernoulli, softmax) and
 counts (Poisson).
 
-=================  =============================================================================
-``model``          :class:`IterNCGP`: the outer Newton loop (Alg. 1), prediction, the factory
-                   and the registration of ``iterncgp``
-``solver``         IterGP with a virtual solver run: the inner loop, recycling and compression
-                   (Algs. 2 and 3), :class:`IterNCGPState`
-``newton``         the Newton step's line search and trust radius, the factory's Newton options
-``latent``         the latent GP: likelihood and kernel per task, the pre-fit options, the
-                   kernel products (:class:`~gpscale.methods.iterncgp.latent.LatentKernel`)
-                   and the predictive per likelihood
-``held_distances`` kernel products from distances held across hyperparameter trials
-``variational``    the variational refinement of the Laplace posterior (beyond the paper)
-``evidence``       the Laplace and variational evidence the kernel hyperparameters learn on
-``learning``       the kernel-learning methods of :class:`IterNCGP` on that evidence
-``sod_laplace``    ``sod-laplace``: dense Laplace on a random subset (the paper's baseline)
-=================  =============================================================================
+==================  =============================================================================
+``model``           :class:`IterNCGP`: the outer Newton loop (Alg. 1), prediction, the factory
+                    and the registration of ``iterncgp``
+``solver``          IterGP with a virtual solver run: the inner loop, recycling and compression
+                    (Algs. 2 and 3), :class:`IterNCGPState`
+``newton``          the Newton step's line search and trust radius, the factory's Newton options
+``latent``          the latent GP: likelihood and kernel per task, the pre-fit options, the
+                    kernel products (:class:`~gpscale.methods.iterncgp.latent.LatentKernel`)
+                    and the predictive per likelihood
+``held_distances``  kernel products from distances held across hyperparameter trials
+``variational``     the variational refinement of the Laplace posterior (beyond the paper)
+``evidence``        the Laplace and variational evidence the kernel hyperparameters learn on
+``learning``        the kernel-learning methods of :class:`IterNCGP` on that evidence
+``sod_laplace``     ``sod-laplace``: dense Laplace on a random subset (the paper's baseline)
+==================  =============================================================================
 
 Importing the package registers ``iterncgp`` and ``sod-laplace``.
 """

@@ -421,9 +421,10 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
             (:class:`~gpscale.methods.iterncgp.latent.PredictiveOptions`).
         seed: seeds the ``chol`` order, the pre-fit and Monte Carlo probabilities.
         chunk_size, backend: of the kernel products.
-        learn_kernel, kernel_rounds, kernel_steps, evidence_rank, kernel_rtol,
-            kernel_objective, learn_points: training learns the kernel hyperparameters (the
-            default; by ``gpscale fit`` starting from the median distance for classification),
+        learn_kernel: with ``kernel_rounds``, ``kernel_steps``, ``evidence_rank``,
+            ``kernel_rtol``, ``kernel_objective`` and ``learn_points``, training learns the kernel
+            hyperparameters (the default; by ``gpscale fit`` starting from the median distance
+            for classification),
             on the evidence lower bound of the variational posterior (:class:`KernelLearning`:
             rounds, L-BFGS iterations per round, actions of the objective, tolerance,
             objective, points); ``learn_kernel=False`` keeps them fixed, as the paper.

@@ -76,7 +76,7 @@ class Stopping:
         atol: δ_abs of the inner rule ‖r_j‖ < max(δ_abs, δ_rel ‖ŷ − m‖).
         rtol: δ_rel of the same rule.
         max_iterations: j_max, inner iterations per Newton step.
-        eta_rtol: the inner loop stops when η_j ≤ ``eta_rtol`` · |s_jᵀ K̂ s_j| (η_j ≤ 0 in
+        eta_rtol: the inner loop stops when η_j ≤ ``eta_rtol`` · ``|s_jᵀ K̂ s_j|`` (η_j ≤ 0 in
             the paper; a relative floor catches actions that only round-off separates from
             span(S)); ``None`` uses 10 · eps of the working dtype.
     """
