@@ -192,7 +192,18 @@ def test_headerless_file(tmp_path):
         load_csv(path, "price")
 
 
-def test_errors_past_the_first_mebibyte_name_the_line(tmp_path):
+@pytest.fixture(params=["threads", "one thread"])
+def arrow_threads(request):
+    """pyarrow with its thread pool, and with one thread (as under OMP_NUM_THREADS=1, where its
+    conversion errors name the row too: 'In CSV column #1: Row #20449: CSV conversion ...')."""
+    before = pa.cpu_count()
+    if request.param == "one thread":
+        pa.set_cpu_count(1)
+    yield request.param
+    pa.set_cpu_count(before)
+
+
+def test_errors_past_the_first_mebibyte_name_the_line(tmp_path, arrow_threads):
     """A text cell beyond pyarrow's sample: read as text, then reported with its line."""
     rows = np.tile(VALUES, (HEAD_BYTES // 3000 + 60, 1))
     lines = _csv_text(rows).splitlines()
@@ -212,7 +223,7 @@ def test_errors_past_the_first_mebibyte_name_the_line(tmp_path):
         load_csv(path, "price")
 
 
-def test_a_file_only_python_reads_loads_with_a_warning(tmp_path, caplog):
+def test_a_file_only_python_reads_loads_with_a_warning(tmp_path, caplog, arrow_threads):
     """pyarrow rejects 1_000 (Python's float() reads it): loaded line by line, not silently."""
     values = VALUES.copy()
     values[4, 0] = 1000.0

@@ -331,7 +331,7 @@ def _capacity(path: Path, head: _Head) -> int:
     return int(rows * 1.05) + 1024
 
 
-_CONVERSION = re.compile(r"In CSV column #(\d+): CSV conversion error to double")
+_CONVERSION = re.compile(r"In CSV column #(\d+):(?: Row #\d+:)? CSV conversion error to double")
 
 
 def read_csv_columns(path: str | Path, *, delimiter: str | None = None,
