@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from gpscale.methods import build
+from gpscale.methods.softki import validation
 from gpscale.methods.softki.validation import (
     MONITOR_MAX_ROWS,
     VALIDATION_MAX_ROWS,
     VALIDATION_MIN_ROWS,
+    VALIDATION_MIN_TRAIN_ROWS,
     calibrate,
     held_out_statistics,
     holdout_rows,
@@ -81,7 +83,9 @@ def test_calibration_finds_the_minimum_of_the_heldout_nll(generator):
 def test_holdout_rows_are_a_capped_share():
     assert holdout_rows(14_940, 0.1) == 1494
     assert holdout_rows(2_000_000, 0.1) == VALIDATION_MAX_ROWS
-    assert holdout_rows(10 * VALIDATION_MIN_ROWS - 20, 0.1) == 0  # too few to calibrate by
+    assert holdout_rows(VALIDATION_MIN_TRAIN_ROWS, 0.1) == VALIDATION_MIN_TRAIN_ROWS // 10
+    assert holdout_rows(VALIDATION_MIN_TRAIN_ROWS - 1, 0.1) == 0  # too few rows to spare any
+    assert holdout_rows(20_000, VALIDATION_MIN_ROWS / 40_000) == 0  # too few to calibrate by
     assert holdout_rows(50_000, 0.0) == 0
     assert MONITOR_MAX_ROWS >= VALIDATION_MAX_ROWS
 
@@ -93,7 +97,9 @@ def _noisy_sine(generator, n=1500):
     return x, y
 
 
-def test_training_holds_rows_out_keeps_the_best_epoch_and_conditions_on_all(generator):
+def test_training_holds_rows_out_keeps_the_best_epoch_and_conditions_on_all(generator,
+                                                                           monkeypatch):
+    monkeypatch.setattr(validation, "VALIDATION_MIN_TRAIN_ROWS", 1000)  # small, to be quick
     x, y = _noisy_sine(generator)
     model = build("softki", 2, init=(x, y), num_inducing=32)
     assert model.holdout_rows(x.shape[0]) == 150
@@ -113,8 +119,8 @@ def test_training_holds_rows_out_keeps_the_best_epoch_and_conditions_on_all(gene
         again = model.posterior(x, y)
         torch.testing.assert_close(model.predict(state, x[:50]).mean,
                                    model.predict(again, x[:50]).mean)
-    # the held-out NLL reported after calibration is that of its rows under the final model
-    assert math.isfinite(last["heldout_nll"])
+    # the calibration after training scores the restored best epoch as the epoch's check did
+    assert last["final_heldout_nll"] == pytest.approx(rows[best]["heldout_nll"], rel=1e-6)
 
 
 def test_no_rows_held_out_when_switched_off(generator):
