@@ -99,12 +99,7 @@ def held_out_statistics(features: Callable[[Tensor], Tensor], fit: tuple[Tensor,
     """:class:`HeldOutStatistics` from ``features(x_chunk)`` = rows of G and residuals r = y − c
     of the rows conditioned on (``fit``) and held out (``held``)."""
     (x, r), (x_held, r_held) = fit, held
-    A = b = None
-    for i in range(0, x.shape[0], chunk_size):
-        G = features(x[i:i + chunk_size]).double()
-        rc = r[i:i + chunk_size].double()
-        A = G.mT @ G if A is None else A + G.mT @ G
-        b = G.mT @ rc if b is None else b + G.mT @ rc
+    A, b, _, _ = noise_statistics(features, x, r, chunk_size)
     lam, V = torch.linalg.eigh(A)
     P = torch.cat([features(x_held[i:i + chunk_size]).double() @ V
                    for i in range(0, x_held.shape[0], chunk_size)])
