@@ -7,6 +7,8 @@
 #   bash scripts/gpu-check.sh paths     # every key and auto through gpscale fit on CUDA (~6 min)
 #   bash scripts/gpu-check.sh fits      # 2e6-row file -> svgp / solvegp / softki, 60 s each (~5 min)
 #   bash scripts/gpu-check.sh sweep     # Triton tile shapes x {IEEE, 3xTF32} at n = 200,000 (~2 min)
+#   bash scripts/gpu-check.sh tune      # the sweep (n = 100,000), then `kernels` with its choice,
+#                                       # kept in /tmp/gpscale-triton.env for later steps (~6 min)
 #
 # Each step writes into $OUT (the device tool brings it back) or runs/gpu-check. The wheels:
 #   echo /.whl/ >> .git/info/exclude
@@ -14,13 +16,17 @@
 #   .venv/bin/python -m pip wheel --no-deps .whl/*.tar.gz -w .whl && rm .whl/*.tar.gz
 # and `carry: [".whl"]` in the run call. The machine's python3 has torch, triton, gpytorch.
 set -uo pipefail
-step=${1:?usage: gpu-check.sh kernels|sweep|tests|paths|fits}
+step=${1:?usage: gpu-check.sh kernels|sweep|tune|tests|paths|fits}
 out=${OUT:-runs/gpu-check}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+chosen=/tmp/gpscale-triton.env  # the sweep's choice: GPSCALE_TRITON_* settings, one per line
+if [ -f "$chosen" ] && [ "$step" != tune ]; then
+    set -a; . "$chosen"; set +a; echo "Triton settings from the sweep:"; cat "$chosen"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/card.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
@@ -50,6 +56,25 @@ fits)
         cp "/tmp/fit-$key/metrics.json" "$out/metrics-$key.json"
     done
     ;;
+tune)
+    timeout 230 python3 - <<'PY' 2>&1 | tee "$out/sweep.log"
+import json, logging, os, torch
+from gpscale.benchmarks.kernels_gpu import sweep
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+rows = sweep(torch.device("cuda"))
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "runs/gpu-check"), "sweep.json"), "w"))
+chosen = [r for r in rows if r.get("chosen")]
+if chosen:
+    print("CHOSEN", json.dumps(chosen[0]))
+    open("/tmp/gpscale-triton.env", "w").write(chosen[0]["env"].replace(" ", "\n") + "\n")
+PY
+    if [ -f "$chosen" ]; then set -a; . "$chosen"; set +a; cat "$chosen"; fi
+    timeout 240 python3 -m gpscale bench kernels --device cuda --runs triton,keops,loop \
+        --out /tmp/kernels 2>&1 \
+        | tee "$out/kernels.log"
+    cp /tmp/kernels/report.md "$out/kernels-report.md"
+    cp /tmp/kernels/results.jsonl "$out/kernels-results.jsonl"
+    ;;
 sweep)
     python3 - <<'PY' 2>&1 | tee "$out/sweep.log"
 import json, os, torch
@@ -61,6 +86,6 @@ json.dump(rows, open(os.path.join(os.environ.get("OUT", "runs/gpu-check"), "swee
 PY
     ;;
 *)
-    echo "unknown step $step (kernels, sweep, tests, paths or fits)"; exit 2
+    echo "unknown step $step (kernels, sweep, tune, tests, paths or fits)"; exit 2
     ;;
 esac

@@ -173,8 +173,8 @@ def _block_sparse_rows(n: int, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run(out_dir: Path | str, *, quick: bool = False,
-        device: str | None = None) -> list[dict[str, Any]]:
+def run(out_dir: Path | str, *, quick: bool = False, device: str | None = None,
+        runs: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """Measure throughput (a) and memory (b); write ``report.md`` etc. into ``out_dir``.
 
     Args:
@@ -182,12 +182,16 @@ def run(out_dir: Path | str, *, quick: bool = False,
         quick: small sizes for a smoke test.
         device: ``"cuda"`` (``"cuda:N"``) measures the GPU's product instead
             (:mod:`gpscale.benchmarks.kernels_gpu`); ``None`` or ``"cpu"`` this module's.
+        runs: on a GPU, the backends to measure (``triton``, ``compiled``, ``keops``,
+            ``loop``; default all that run there).
 
     Returns:
         The result rows (also written to ``results.csv`` / ``results.jsonl``).
     """
     if device not in (None, "cpu"):
-        return _run_gpu(out_dir, quick, device)
+        return _run_gpu(out_dir, quick, device, runs)
+    if runs:
+        raise ValueError("--runs chooses backends on a GPU only (--device cuda)")
     # Memory first: the child process's peak RSS counts the parent's RSS at fork time (Linux
     # keeps ru_maxrss across exec), so the parent must not yet hold the dense reference's pages.
     memory = _memory_rows(4_000 if quick else 40_000)
@@ -206,11 +210,13 @@ def run(out_dir: Path | str, *, quick: bool = False,
     return rows
 
 
-def _run_gpu(out_dir: Path | str, quick: bool, device: str) -> list[dict[str, Any]]:
+def _run_gpu(out_dir: Path | str, quick: bool, device: str,
+             runs: tuple[str, ...] | None) -> list[dict[str, Any]]:
     from gpscale.benchmarks import kernels_gpu
     from gpscale.training import FitConfig
 
-    rows = kernels_gpu.gpu_rows(FitConfig(device=device).torch_device, quick=quick)
+    rows = kernels_gpu.gpu_rows(FitConfig(device=device).torch_device, quick=quick,
+                                backends=runs)
     notes = (f"One GPU (the device column). Matérn-3/2 ARD with output scale, d = "
              f"{kernels_gpu.NUM_DIMS}, k = {kernels_gpu.NUM_RHS}, float32, no gradient; "
              "backward_s: the backward of (K V).square().sum() for x, V and the kernel's "

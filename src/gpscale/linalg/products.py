@@ -68,8 +68,9 @@ def stationary_matmul(backend: str, profile: str, lengthscale: Tensor, outputsca
         out = keops.product(profile, z1, z2, rhs3)
     else:
         z1, z2, exact = fused.exact_last(z1, z2)
-        if backend == "triton":
-            out = triton.stationary_product(profile, z1, z2, rhs3, exact)
+        if backend == "triton":  # x1 is x2: one backward pass for both roles of z
+            out = triton.stationary_product(profile, z1, z1 if x1 is x2 else z2, rhs3, exact,
+                                            symmetric=x1 is x2)
         else:
             rule = fused.stationary_rule(profile, compiled=backend == "compiled", exact=exact)
             out = chunked_product(rule, z1, z2, rhs3, chunk_size=chunk)
