@@ -5,8 +5,11 @@
 #   bash scripts/gpu-check.sh kernels   # bench kernels --device cuda: roofline, KeOps, loop (~3 min)
 #   bash scripts/gpu-check.sh tests     # Triton compiled on the card, pytest -m gpu methods (~3 min)
 #   bash scripts/gpu-check.sh paths     # every key and auto through gpscale fit on CUDA (~6 min)
-#   bash scripts/gpu-check.sh fits      # 2e6-row file -> svgp / solvegp / softki, 60 s each (~5 min)
-#   bash scripts/gpu-check.sh sweep     # Triton tile shapes x {IEEE, 3xTF32} at n = 200,000 (~2 min)
+#   bash scripts/gpu-check.sh fits      # 2e6-row file -> svgp / solvegp / softki, 60 s each, then
+#                                       # 10^6 predictions each (bench scale; ~5 min)
+#   bash scripts/gpu-check.sh table [protein keggu mnist ggp]   # the rest of the GPU table,
+#                                       # defaults, svgp beside cagp-opt (minutes per row)
+#   bash scripts/gpu-check.sh sweep     # the Triton sweep alone (n = 100,000; ~4 min)
 #   bash scripts/gpu-check.sh tune      # the sweep (n = 100,000), then `kernels` with its choice,
 #                                       # kept in /tmp/gpscale-triton.env for later steps (~6 min)
 #
@@ -16,7 +19,7 @@
 #   .venv/bin/python -m pip wheel --no-deps .whl/*.tar.gz -w .whl && rm .whl/*.tar.gz
 # and `carry: [".whl"]` in the run call. The machine's python3 has torch, triton, gpytorch.
 set -uo pipefail
-step=${1:?usage: gpu-check.sh kernels|sweep|tune|tests|paths|fits}
+step=${1:?usage: gpu-check.sh kernels|sweep|tune|tests|paths|fits|table}
 out=${OUT:-runs/gpu-check}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -46,14 +49,32 @@ paths)
         | tee "$out/paths.log"
     ;;
 fits)
-    data=/tmp/field8d-2000000.parquet
-    python3 -m gpscale datasets synthesize --out "$data" --rows 2000000 --dims 8 \
-        2>&1 | tee "$out/fits.log"
-    for key in svgp solvegp softki; do
-        python3 -m gpscale fit --data "$data" --target y --method "$key" --device cuda \
-            --max-time 60 --out "/tmp/fit-$key" --no-progress -v 2>&1 | tail -n 25 \
-            | tee -a "$out/fits.log"
-        cp "/tmp/fit-$key/metrics.json" "$out/metrics-$key.json"
+    # 2e6-row 8-D file -> svgp / solvegp / softki with defaults and 60 s of training, then 10^6
+    # fresh predictions each (gpscale bench scale; the file is written once under /tmp/scale)
+    python3 -m gpscale bench scale --device cuda --datasets n2m --runs svgp,solvegp,softki \
+        --max-time 60 --out /tmp/scale 2>&1 | tee "$out/fits.log"
+    cp /tmp/scale/report.md "$out/scale-report.md"
+    cp /tmp/scale/results.jsonl "$out/scale-results.jsonl"
+    ;;
+table)
+    # the rest of the GPU table (issue #43 item 4), each with defaults; minutes each: run the
+    # rows a session has time for, e.g. `bash scripts/gpu-check.sh table protein`
+    for row in ${2:-protein keggu mnist ggp}; do
+        case $row in
+        protein|keggu)
+            for key in cagp-opt svgp; do
+                python3 -m gpscale fit --dataset "$row" --method "$key" --device cuda \
+                    --out "/tmp/table-$row-$key" --no-progress 2>&1 | tail -n 20 \
+                    | tee -a "$out/table.log"
+            done ;;
+        mnist)
+            python3 -m gpscale fit --dataset mnist --method iterncgp --device cuda \
+                --out /tmp/table-mnist --no-progress 2>&1 | tail -n 20 | tee -a "$out/table.log" ;;
+        ggp)
+            python3 -m gpscale bench scale --device cuda --datasets n100m --out /tmp/scale-ggp \
+                2>&1 | tee -a "$out/table.log"
+            cp /tmp/scale-ggp/report.md "$out/ggp-report.md" ;;
+        esac
     done
     ;;
 tune)
@@ -86,6 +107,6 @@ json.dump(rows, open(os.path.join(os.environ.get("OUT", "runs/gpu-check"), "swee
 PY
     ;;
 *)
-    echo "unknown step $step (kernels, sweep, tune, tests, paths or fits)"; exit 2
+    echo "unknown step $step (kernels, sweep, tune, tests, paths, fits or table)"; exit 2
     ;;
 esac

@@ -23,3 +23,21 @@ def test_a_row_reports_load_training_and_prediction(tmp_path, method, field):
 def test_unknown_sizes_are_named(tmp_path):
     with pytest.raises(ValueError, match="n100k"):
         scale.run(tmp_path, datasets=("n3m",))
+
+
+def test_max_time_reaches_every_run_and_is_refused_elsewhere(tmp_path, monkeypatch):
+    """``gpscale bench scale --max-time S`` trains each run for S seconds; a suite without a
+    per-run budget, or a budget that is not positive, is an error naming the flag."""
+    from gpscale.benchmarks.registry import run_suite
+
+    seen = []
+    monkeypatch.setattr(scale, "_file", lambda out, n, field: (out / "f.parquet", 0.2))
+    monkeypatch.setattr(scale, "peak_memory_mb",
+                        lambda fn, path, method, field, **kw: seen.append(kw["max_time"])
+                        or (0.0, {"test_rmse": 0.3}))
+    run_suite("scale", tmp_path, datasets=("n100k",), runs=("svgp",), max_time=60.0)
+    assert seen == [60.0]
+    with pytest.raises(ValueError, match="--max-time"):
+        run_suite("kernels", tmp_path, max_time=60.0)
+    with pytest.raises(ValueError, match="--max-time"):
+        run_suite("scale", tmp_path, max_time=0.0)

@@ -60,11 +60,13 @@ SUITES: dict[str, Suite] = {
 
 def run_suite(name: str, out_dir: str | Path, *, quick: bool = False,
               datasets: tuple[str, ...] | None = None,
-              runs: tuple[str, ...] | None = None, device: str | None = None) -> Path:
+              runs: tuple[str, ...] | None = None, device: str | None = None,
+              max_time: float | None = None) -> Path:
     """Run suite ``name`` into ``out_dir``; returns the path of its ``report.md``.
 
     ``datasets`` restricts a suite that runs on several datasets to those named; ``runs``
-    restricts a suite with labelled runs (``softki``) to those labels.
+    restricts a suite with labelled runs (``softki``) to those labels; ``max_time`` sets the
+    training seconds of each run of a suite that takes it (``scale``).
     """
     if name not in SUITES:
         raise ValueError(f"unknown benchmark suite {name!r}; valid suites: "
@@ -82,5 +84,12 @@ def run_suite(name: str, out_dir: str | Path, *, quick: bool = False,
             raise ValueError(f"suite {name!r} runs on the CPU only (--device); suites with "
                              "--device: kernels, scale")
         extra["device"] = device
+    if max_time is not None:
+        if "max_time" not in inspect.signature(runner).parameters:
+            raise ValueError(f"suite {name!r} has no per-run time budget (--max-time); "
+                             "suites with it: scale")
+        if not max_time > 0:
+            raise ValueError(f"--max-time must be a positive number of seconds; got {max_time}")
+        extra["max_time"] = max_time
     runner(out, quick=quick, **extra)
     return out / "report.md"

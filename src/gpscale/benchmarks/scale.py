@@ -18,7 +18,8 @@ field for CaGP-Opt (its K(x*, X)S prediction holds X). Columns:
 
 ``--datasets`` picks sizes: ``n40k`` (CaGP-Opt), ``n100k``, ``n1m``, ``n2m`` (default: all four)
 and ``n100m`` (GGP only, a 3.2 GB ``.npy``; on request); ``--runs`` picks method keys.
-``--quick``: 20,000 rows, 10 s budgets. ``--device cuda`` trains and predicts on the GPU
+``--quick``: 20,000 rows, 10 s budgets; ``--max-time S``: S seconds of training per
+run. ``--device cuda`` trains and predicts on the GPU
 (``device`` names the card, ``peak_gpu_mb`` is torch's peak allocation there).
 """
 
@@ -128,9 +129,11 @@ def _sync(device: torch.device) -> None:
 
 
 def run(out_dir: Path, *, quick: bool = False, datasets: tuple[str, ...] | None = None,
-        runs: tuple[str, ...] | None = None, device: str | None = None) -> list[dict[str, Any]]:
+        runs: tuple[str, ...] | None = None, device: str | None = None,
+        max_time: float | None = None) -> list[dict[str, Any]]:
     """Every (size, method) row of the plan (``runs``: only these method keys), each in a fresh
-    process, on ``device`` (``None``: the CPU); report into ``out_dir``."""
+    process, on ``device`` (``None``: the CPU), trained for ``max_time`` seconds (``None``: the
+    method's default budget; ``quick``: 10 s); report into ``out_dir``."""
     out = Path(out_dir)
     sizes = tuple(datasets or (("quick",) if quick else DEFAULT_SIZES))
     unknown = set(sizes) - set(SIZES) - ({"quick"} if quick else set())
@@ -151,7 +154,7 @@ def run(out_dir: Path, *, quick: bool = False, datasets: tuple[str, ...] | None 
             log.info("scale: %s on %s", method, path.name)
             try:
                 _, row = peak_memory_mb(measure, str(path), method, field,
-                                         max_time=10.0 if quick else None,
+                                         max_time=10.0 if quick else max_time,
                                          predict_rows=20_000 if quick else PREDICT_ROWS,
                                          device=device)
             except RuntimeError as err:  # e.g. killed for memory: a result, the suite goes on

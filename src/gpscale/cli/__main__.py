@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--runs", help="comma-separated subset of the suite's run labels, e.g. "
                        "SoftKI-512,SVGP-512 (suites with labelled runs: softki; "
                        "iterncgp's MNIST runs; scale: method keys)")
+    bench.add_argument("--max-time", type=float, help="training seconds per run instead of "
+                       "the method's default budget (suite scale)")
     bench.add_argument("--device", help="cuda or cuda:N: measure on that GPU (suites kernels "
                        "and scale; default the CPU)")
 
@@ -335,7 +337,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     # Suites run for minutes to hours: say which run starts when, even without --verbose.
     logging.getLogger("gpscale.benchmarks").setLevel(logging.INFO)
     report = run_suite(args.suite, args.out or f"runs/bench-{args.suite}", quick=args.quick,
-                       datasets=datasets, runs=runs, device=args.device)
+                       datasets=datasets, runs=runs, device=args.device,
+                       max_time=args.max_time)
     print(report.read_text())
     return 0
 
