@@ -40,7 +40,7 @@ kernels)
     ;;
 tests)
     python3 -m pytest -q -p no:cacheprovider tests/linalg/test_triton.py \
-        tests/test_devices.py 2>&1 | tee "$out/tests.log"
+        tests/linalg/test_triton_symmetric.py tests/test_devices.py 2>&1 | tee "$out/tests.log"
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_methods.py \
         tests/test_kernels.py 2>&1 | tee -a "$out/tests.log"
     ;;
