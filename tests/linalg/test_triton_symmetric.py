@@ -133,3 +133,17 @@ def test_launch_overrides_for_a_tuning_sweep(monkeypatch, generator):
         monkeypatch.setenv("GPSCALE_TRITON_PRECISION", bad)
         with pytest.raises(ValueError, match="too coarse"):
             triton_kernels._precisions(like)
+
+
+def test_symmetric_v_gradient_alone_and_a_wrong_z2(generator):
+    """With z fixed, V's gradient of Φ(z, z) V is Φ Ȳ (the dense float64 one); symmetric=True
+    with a z2 other than z1 is refused rather than silently ignoring z2."""
+    z, v, grad = _draw(generator, 1, 23, 3), _draw(generator, 1, 23, 4), _draw(generator, 1, 23, 4)
+    vl = v.clone().requires_grad_()
+    out = triton_kernels.stationary_product("matern32", z, z, vl, symmetric=True)
+    (got,) = torch.autograd.grad(out, [vl], grad)
+    vd = v.clone().requires_grad_()
+    (want,) = torch.autograd.grad(_dense("matern32", z, z, vd), [vd], grad)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="symmetric=True"):
+        triton_kernels.stationary_product("matern32", z, z.clone(), v, symmetric=True)

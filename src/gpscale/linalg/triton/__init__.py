@@ -314,6 +314,8 @@ class _SymmetricProduct(torch.autograd.Function):
         grad = grad.contiguous()
         if not _FAILED:
             try:
+                if not need_z:  # V's gradient alone: Φ Ȳ, the forward with Ȳ for V
+                    return None, None, _launch_forward(ctx.profile, z, z, grad, ctx.exact), None
                 if v.shape[2] <= MAX_K_PER_PROGRAM:
                     grad_z, grad_v = _launch_backward_symmetric(ctx.profile, z, v, grad,
                                                                 ctx.exact, need_v)
@@ -321,10 +323,11 @@ class _SymmetricProduct(torch.autograd.Function):
                     g1, g2, grad_v = _launch_backward(ctx.profile, z, z, v, grad, ctx.exact,
                                                       (True, True, need_v))
                     grad_z = g1 + g2
-                return None, (grad_z if need_z else None), grad_v, None
+                return None, grad_z, grad_v, None
             except Exception as err:  # noqa: BLE001 - as in _StationaryProduct
                 _fallback(err)
-        g1, g2, grad_v = _rule(ctx.profile, ctx.exact).vjp(z, z, v, grad, (True, True, need_v))
+        g1, g2, grad_v = _rule(ctx.profile, ctx.exact).vjp(z, z, v, grad,
+                                                           (need_z, need_z, need_v))
         return None, (g1 + g2 if need_z else None), grad_v, None
 
 
@@ -354,6 +357,9 @@ def stationary_product(profile: str, z1: Tensor, z2: Tensor, v: Tensor,
     _precisions(z1), _all_differences(z1, z1.shape[2])  # the settings fail here, not in a launch
     tiles(z1, 1, 1), tiles(z1, 1, 1, backward=True)
     if symmetric:
+        if z2 is not z1:
+            raise ValueError("stationary_product(symmetric=True) takes z1 itself as z2: the "
+                             "backward gives z1 the gradient of both roles")
         return _SymmetricProduct.apply(profile, z1, v, exact)
     return _StationaryProduct.apply(profile, z1, z2, v, exact)
 
