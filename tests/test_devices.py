@@ -187,6 +187,51 @@ def test_minibatch_methods_default_to_the_gpu_batch(method, fake_gpu):
     assert resolve_fit_config("cagp-opt", 2_000_000, device="cuda").batch_size is None
 
 
+@pytest.mark.parametrize(("method", "n", "want"), [
+    ("svgp", 1_800_000, {"num_inducing": 1024}),
+    ("svgp", 1_500, {"num_inducing": 750}),  # min(cap, n/2), as on the CPU
+    ("solvegp", 1_800_000, {"num_inducing": 512, "num_orthogonal": 512}),
+    ("solvegp", 1_000, {"num_inducing": 250, "num_orthogonal": 250}),
+    ("softki", 1_800_000, {}), ("cagp-opt", 1_800_000, {})])
+def test_gpu_inducing_sets_for_one_latent_function(method, n, want):
+    assert dev.inducing_options(method, {}, CUDA, "regression", n) == want
+    assert dev.inducing_options(method, {}, torch.device("cpu"), "regression", n) == {}
+    assert dev.inducing_options(method, {}, None, "regression", n) == {}
+    assert dev.inducing_options(method, {}, CUDA, "classification", n) == {}
+    given = {"num_inducing": 64, "kernel": "rbf"}  # the user's size is never changed
+    assert dev.inducing_options(method, given, CUDA, "regression", n) == {**want, **given}
+
+
+def test_gpu_inducing_sets_reach_the_build_and_the_plan(monkeypatch, fake_gpu):
+    from gpscale.run import plan_text
+    from gpscale.training import harness, resolve_fit_config
+
+    built = []
+
+    class Tiny(torch.nn.Module):
+        def to(self, *args, **kwargs):  # nothing lives on the (simulated) card
+            return self
+
+    def fake_build(method, num_dims, **kwargs):
+        built.append(kwargs)
+        return Tiny()
+
+    monkeypatch.setattr(harness, "build", fake_build)
+    config = resolve_fit_config("solvegp", 4_000, device="cuda")
+    x = torch.randn(4_000, 3)
+    harness.build_method("solvegp", (x, x.sum(1)), task="regression", num_classes=None,
+                         options={"num_orthogonal": 8}, config=config, seed=None, device=CUDA)
+    assert built[0]["num_inducing"] == 512 and built[0]["num_orthogonal"] == 8
+    line = plan_text("svgp", resolve_fit_config("svgp", 2_000_000, device="cuda"), {},
+                     2_000_000)
+    assert ("batches of 16,384, 1,024 inducing points sized for cuda "
+            "(--batch-size, -o num_inducing)") in line
+    line = plan_text("solvegp", config, {"num_orthogonal": 8}, 4_000)
+    assert "512 inducing points sized for cuda (--batch-size, -o num_inducing)" in line
+    assert "inducing" not in plan_text("svgp", resolve_fit_config("svgp", 2_000_000), {},
+                                       2_000_000)
+
+
 def dense_peak(method: str, n: int, phase: str) -> int:
     """In a child process: build ``method`` on n random points and run ``phase``: a loss with
     its backward ("loss") or a conditioning with a prediction ("predict")."""

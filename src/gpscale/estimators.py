@@ -153,7 +153,7 @@ class _GPEstimator(BaseEstimator):
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
         latents = num_classes if (num_classes or 0) > 2 else 1
         logging.getLogger("gpscale.fit").info(plan_text(self.method_, config, options,
-                                                        x.shape[0], latents))
+                                                        x.shape[0], latents, self._task))
         self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression")
                            if self.standardize else None)
         train = cast(self._transform_xy(x, y), config, self._task)

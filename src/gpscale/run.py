@@ -28,7 +28,7 @@ import torch
 from gpscale.data import Dataset, load_csv, load_dataset
 from gpscale.data.datasets import get_entry
 from gpscale.data.options import check_data_options
-from gpscale.devices import on_cpu_after_oom
+from gpscale.devices import inducing_options, on_cpu_after_oom
 from gpscale.distributions import Predictive
 from gpscale.errors import NonFiniteLossError
 from gpscale.files import atomic_write
@@ -162,10 +162,12 @@ def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
 
 
 def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = None,
-              num_train: int | None = None, num_latents: int = 1) -> str:
+              num_train: int | None = None, num_latents: int = 1,
+              task: str = "regression") -> str:
     """One line saying how ``method`` will train: budget, schedule, stopping rule (and the
     pre-fit's learning rate when ``num_train`` points call for a pre-fit, or are not given;
-    IterNCGP: the points its kernel rounds see, for ``num_latents`` latent functions)."""
+    IterNCGP: the points its kernel rounds see, for ``num_latents`` latent functions; on a GPU
+    the batch and inducing sets sized for it)."""
     opts = get_spec(method).resolve(options or {})
     if "kernel_rounds" in opts:  # IterNCGP: no gradient training, kernel learning or none
         variational = opts.get("inference", "laplace") == "variational"
@@ -193,8 +195,14 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
     if config.max_time is not None:
         budget += f" or {config.max_time:g} s"
     batch = "full batch" if config.batch_size is None else f"batches of {config.batch_size:,}"
+    sized = ({} if num_train is None else
+             inducing_options(method, options or {}, config.torch_device, task, num_train))
+    sized = {k: v for k, v in sized.items() if (options or {}).get(k) is None}
+    if sized:  # inducing sets sized for a GPU (gpscale.devices)
+        batch += ", " + " + ".join(f"{v:,}" for v in sized.values()) + " inducing points"
     if config.batch_size is not None and config.torch_device.type == "cuda":
-        batch += f" sized for {config.torch_device} (--batch-size)"
+        flags = ", ".join(["--batch-size"] + [f"-o {k}" for k in sized])
+        batch += f" sized for {config.torch_device} ({flags})"
     floor = config.lr * config.lr_end_factor
     rule = {"plateau": f"lr {config.lr:g} lowered x{config.plateau_factor:g} on each loss "
                        f"plateau, stopping when converged (lr below {floor:g}"
@@ -242,7 +250,7 @@ def run(spec: RunSpec) -> RunResult:
     config, dtype = fit_config(spec, data.num_train)
     latents = data.num_classes if (data.num_classes or 0) > 2 else 1
     logging.getLogger("gpscale.fit").info(plan_text(spec.method, config, spec.options,
-                                                    data.num_train, latents))
+                                                    data.num_train, latents, data.task))
     x, y = cast((data.x_train, data.y_train), config, data.task)
     x_test = data.x_test.to(dtype)
     callbacks = []

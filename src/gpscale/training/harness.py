@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpscale.devices import check_dense_fits, on_cpu_after_oom
+from gpscale.devices import check_dense_fits, inducing_options, on_cpu_after_oom
 from gpscale.methods.base import Method
 from gpscale.methods.registry import build
 from gpscale.training.config import FitConfig
@@ -67,9 +67,12 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
     """Build ``method`` on ``train`` (in ``config.dtype``); returns (model, seconds).
 
     ``seed`` seeds torch's RNG for the build in a forked RNG state; ``None`` draws from the
-    caller's RNG (:func:`train_method` seeds build and training together).
+    caller's RNG (:func:`train_method` seeds build and training together). On a GPU the
+    inducing sets the user left at their defaults are sized for it
+    (:func:`gpscale.devices.inducing_options`).
     """
     x, y = cast(train, config, task)
+    options = inducing_options(method, options, device, task, x.shape[0])  # sized for a GPU
     with torch.random.fork_rng(enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)

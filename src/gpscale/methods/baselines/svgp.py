@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import gpytorch
@@ -329,7 +329,8 @@ register(MethodSpec(
     factory=build_svgp,
     tasks=TASKS,
     summary="GPyTorch SVGP (whitened, learned inducing points), minibatch ELBO",
-    options=INDUCING_OPTIONS + PRIOR_OPTIONS + (
+    options=(replace(INDUCING_OPTIONS[0], help=INDUCING_OPTIONS[0].help + ", in regression "
+                     "on a GPU min(1024, n/2)"),) + INDUCING_OPTIONS[1:] + PRIOR_OPTIONS + (
         Option("learn_kernel", "bool", True, "learn the kernel hyperparameters and the mean "
                "(false: frozen at their initial values)"),
         Option("num_likelihood_samples", "int", 64, "Monte Carlo samples of the softmax "

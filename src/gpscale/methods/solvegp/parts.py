@@ -386,10 +386,10 @@ OBJECTIVES = ("elbo", "collapsed")
 ORTHOGONAL_Q = ("full", "mean")
 
 SOLVEGP_OPTIONS = (
-    Option("num_inducing", "int", None, "standard inducing points M; none: min(256, n/4)",
-           minimum=1),
+    Option("num_inducing", "int", None, "standard inducing points M; none: min(256, n/4), "
+           "in regression on a GPU min(512, n/4)", minimum=1),
     Option("num_orthogonal", "int", None, "orthogonal inducing points M2; none: "
-           "min(256, n/4)", minimum=1),
+           "min(256, n/4), in regression on a GPU min(512, n/4)", minimum=1),
     Option("objective", "str", "elbo", "minibatch ELBO or the collapsed bound",
            choices=OBJECTIVES),
     Option("whiten", "bool", True, "whitened parametrisation of q(u)"),
