@@ -16,6 +16,7 @@ def test_a_row_reports_load_training_and_prediction(tmp_path, method, field):
     assert row["load_s"] > 0 and row["condition_s"] > 0 and row["predict_1m_s"] > 0
     assert floor < row["test_rmse"] < 1.2  # learned something in a second, never below the floor
     assert row["peak_fit_mb"] >= 0 and row["peak_predict_mb"] >= 0
+    assert row["inducing"] == ("512" if method == "softki" else None)  # min(512, 2700/2); GGP: none
     # the file is written once and reused
     assert scale._file(tmp_path, 3000, field) == (path, floor)
 

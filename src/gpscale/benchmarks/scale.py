@@ -7,6 +7,7 @@ peak memory is the run's own. The files are written once into ``OUT/data`` by
 SOLVE-GP and SoftKI, the 3-D field (``.npy``, memory-mapped) for GGP, and 40,000 rows of the 8-D
 field for CaGP-Opt (its K(x*, X)S prediction holds X). Columns:
 
+- ``inducing``: the inducing sets the run resolved (:func:`gpscale.devices.inducing_options`).
 - ``load_s``: reading the file and splitting/standardising it (90 % train).
 - ``epochs``, ``time_per_epoch_s``, ``train_time_s``, ``stopped``: training as the defaults run it.
 - ``test_rmse`` on the held-out 10 % (standardised y) next to ``noise_floor``, the RMSE of the
@@ -45,7 +46,7 @@ DEFAULT_SIZES = ("n40k", "n100k", "n1m", "n2m")
 FIELD_8D = {"num_dims": 8, "noise": 0.04, "lengthscale": 0.5}
 FIELD_3D = {"num_dims": 3, "noise": 0.01, "lengthscale": 0.2}
 PREDICT_ROWS = 1_000_000
-COLUMNS = ("size", "method", "device", "n_train", "num_dims", "load_s", "epochs",
+COLUMNS = ("size", "method", "device", "n_train", "num_dims", "inducing", "load_s", "epochs",
            "time_per_epoch_s", "train_time_s", "stopped", "test_rmse", "noise_floor", "test_nll",
            "peak_fit_mb", "condition_s", "predict_1m_s", "peak_predict_mb", "peak_gpu_mb")
 
@@ -113,7 +114,10 @@ def measure(path: str, method: str, field: dict[str, Any], *, max_time: float | 
         _sync(on)
         predict_s = time.perf_counter() - tic
     assert pred.mean.shape[0] == predict_rows and bool(torch.isfinite(pred.mean).all())
+    sizes = [str(model.options[k]) for k in ("num_inducing", "num_orthogonal")
+             if model.options.get(k)]  # as the run resolved them (a GPU's are larger)
     return {"n_train": data.num_train, "num_dims": data.num_dims, "load_s": load_s,
+            "inducing": " + ".join(sizes) or None,
             **{k: metrics.get(k) for k in ("epochs", "time_per_epoch_s", "train_time_s",
                                            "stopped", "test_rmse", "test_nll")},
             "peak_fit_mb": peak_fit, "condition_s": condition_s, "predict_1m_s": predict_s,
