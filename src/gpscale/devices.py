@@ -13,15 +13,16 @@ never less than the CPU's batch: 16,384 from 524,288 points, 1,024 below 65,536.
 
 **Inducing points.** The same card has room for more inducing points at nearly the same cost
 per step: the step above cost 13–15 ms at batches of 1,024 and 16,384 alike, while SVGP's and
-SOLVE-GP's arithmetic per step grows as batch · m². With their CPU sets (SVGP 512, SOLVE-GP
-256 + 256) neither reaches the noise floor of a 2·10⁶-row 8-D field however long it trains: at
-the GPU's batch of 16,384, SVGP-512 converged 0.0053 above it (27 epochs, lr lowered twice;
-0.2342 against a floor of 0.2289; the CPU running the GPU's default, 2026-11-28). So on a GPU,
-for one latent function (regression), :func:`inducing_options` doubles each set up to
-:data:`GPU_INDUCING`: SVGP 1,024 (the SVGP of the CaGP, SoftKI and SOLVE-GP papers, all run on
-GPUs), SOLVE-GP 512 + 512 (the same 1,024 basis functions; its paper's 1,024 + 1,024 costs about
-2.5× SVGP-1,024 per step). SoftKI keeps 512, its paper's size on a GPU, which reached 0.004
-above the floor on the H100. An option the user gives is never changed.
+SOLVE-GP's arithmetic per step grows as batch · m². With the CPU's sets (SVGP 512, SOLVE-GP
+256 + 256) neither comes within 0.005 of the noise floor of a 2·10⁶-row 8-D field however long
+it trains: at the GPU's batch of 16,384 both converged 0.0053 above it (0.2342 against 0.2289,
+after 27 epochs; the CPU running the GPU's defaults, 2026-11-28). So on a GPU, for one latent
+function (regression), :func:`inducing_options` sizes the sets by :data:`GPU_INDUCING`: SVGP
+1,024 (the SVGP of the CaGP, SoftKI and SOLVE-GP papers, all run on GPUs), SOLVE-GP 512 + 512
+(the same 1,024 basis functions; its paper's 1,024 + 1,024 took 1.5× SVGP-1,000's time per
+step in its CIFAR-10 runs, and the plateau schedule needs ~27 epochs here). SoftKI keeps 512,
+its paper's size on a GPU, which reached 0.004 above the floor on the H100. An option the user
+gives is never changed.
 
 **Dense baselines.** The exact GP and GPyTorch's CG GP hold several n × n matrices at once.
 :data:`DENSE_COPIES` counts them, measured as the peak resident memory of one loss with its
