@@ -230,6 +230,8 @@ def test_gpu_inducing_sets_reach_the_build_and_the_plan(monkeypatch, fake_gpu):
     assert "512 inducing points sized for cuda (--batch-size, -o num_inducing)" in line
     assert "inducing" not in plan_text("svgp", resolve_fit_config("svgp", 2_000_000), {},
                                        2_000_000)
+    line = plan_text("svgp", resolve_fit_config("svgp", 1_000, device="cuda"), {}, 1_000)
+    assert "full batch, 500 inducing points sized for cuda (-o num_inducing)" in line
 
 
 def dense_peak(method: str, n: int, phase: str) -> int:

@@ -200,9 +200,9 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
     sized = {k: v for k, v in sized.items() if (options or {}).get(k) is None}
     if sized:  # inducing sets sized for a GPU (gpscale.devices)
         batch += ", " + " + ".join(f"{v:,}" for v in sized.values()) + " inducing points"
-    if config.batch_size is not None and config.torch_device.type == "cuda":
-        flags = ", ".join(["--batch-size"] + [f"-o {k}" for k in sized])
-        batch += f" sized for {config.torch_device} ({flags})"
+    flags = ["--batch-size"] * (config.batch_size is not None) + [f"-o {k}" for k in sized]
+    if flags and config.torch_device.type == "cuda":
+        batch += f" sized for {config.torch_device} ({', '.join(flags)})"
     floor = config.lr * config.lr_end_factor
     rule = {"plateau": f"lr {config.lr:g} lowered x{config.plateau_factor:g} on each loss "
                        f"plateau, stopping when converged (lr below {floor:g}"
