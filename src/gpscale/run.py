@@ -204,8 +204,10 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
     if flags and config.torch_device.type == "cuda":
         batch += f" sized for {config.torch_device} ({', '.join(flags)})"
     floor = config.lr * config.lr_end_factor
+    anneal = " and at 50/75/90% of the budget" * bool(config.budget_anneal
+                                                        and config.batch_size is not None)
     rule = {"plateau": f"lr {config.lr:g} lowered x{config.plateau_factor:g} on each loss "
-                       f"plateau, stopping when converged (lr below {floor:g}"
+                       f"plateau{anneal}, stopping when converged (lr below {floor:g}"
                        + (", or a steady plateau within the loss's noise)"
                           if config.noise_plateau and config.batch_size is None else ")"),
             "linear": f"lr {config.lr:g} decaying linearly over the epochs",

@@ -67,8 +67,9 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
                    help=f"minibatch size (a size ≥ n trains full batch); {method_default}")
     p.add_argument("--optimizer", choices=["adam", "lbfgs"], help=method_default)
     p.add_argument("--scheduler", choices=["plateau", "linear", "budget", "none"],
-                   help="learning-rate schedule: plateau (lower it on each loss plateau, stop "
-                   "when converged), linear (over the epochs), budget (linearly over epochs or "
+                   help="learning-rate schedule: plateau (lower it on each loss plateau, and in "
+                   "minibatch runs at 50/75/90%% of the budget; stop when converged), linear (over "
+                   "the epochs), budget (linearly over epochs or "
                    f"--max-time), none; {method_default}")
     p.add_argument("--preset", choices=["default", "paper"], default="default",
                    help="training defaults: default (stop on convergence within a time "

@@ -59,6 +59,10 @@ class FitConfig:
             per-datum loss over n points (0.71/√n) counts as none, and a plateau reached in a
             steady descent ends the run instead of lowering the learning rate. Minibatch runs
             ignore it.
+        budget_anneal: a minibatch run under ``"plateau"`` lowers its learning rate by
+            ``plateau_factor`` at 50, 75 and 90 % of its budget (whichever of ``epochs`` and
+            ``max_time`` runs out first) if its plateaus have not lowered it that far
+            (:mod:`gpscale.training.schedules`). Full-batch runs ignore it.
         dtype: ``"float32"`` or ``"float64"``, the precision the harness trains the model and
             its data in (``training.fit`` itself follows the model's).
         device: where the harness trains and predicts: ``"cpu"`` (default), ``"cuda"``,
@@ -86,6 +90,7 @@ class FitConfig:
     min_delta: float = 1e-3
     plateau_factor: float = 0.3
     noise_plateau: bool = False
+    budget_anneal: bool = False
     device: str = "cpu"
 
     def __post_init__(self):
@@ -209,9 +214,12 @@ DEFAULT_BUDGET_S = 300.0
 # the run has converged), within 1000 epochs and the time budget. A full-batch run also stops at
 # a plateau its loss reached in a steady descent, and an improvement below the loss's standard
 # error (0.71/√n per datum) counts as none (``noise_plateau``; BENCHMARKS "Stopping on the
-# loss's noise").
+# loss's noise"). A minibatch run whose plateaus come late is annealed on the budget's clock
+# (``budget_anneal``: lr × 0.3 at 50, 75 and 90 % of it), so a run its budget ends does not end
+# at the starting rate's gradient noise.
 _CONVERGE = dict(epochs=1000, max_time=DEFAULT_BUDGET_S, scheduler="plateau", patience=50,
-                 lr_end_factor=0.01, plateau_factor=0.3, min_delta=1e-3, noise_plateau=True)
+                 lr_end_factor=0.01, plateau_factor=0.3, min_delta=1e-3, noise_plateau=True,
+                 budget_anneal=True)
 
 METHOD_DEFAULTS: dict[str, FitConfig] = {
     **PAPER_DEFAULTS,

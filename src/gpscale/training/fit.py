@@ -72,6 +72,7 @@ class _Run:
     time_offset: float = 0.0
     identity: dict[str, Any] | None = None  # what a checkpoint must match (see _identity)
     deadline: float | None = None  # perf_counter() at which the budget runs out (this epoch)
+    began: tuple[int, float, float] = (1, 0.0, 0.0)  # epoch, clock, perf_counter() at its start
     windowed: bool = False  # the plateau test ran on windows of the last epoch
     converged: bool = False  # a window of the last epoch found convergence
     out_of_time: bool = False  # the last epoch stopped early at the deadline
@@ -146,6 +147,7 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             tic = time.perf_counter()
             run.deadline = (None if config.max_time is None or parallel is not None
                             else tic + config.max_time - clock)
+            run.began = (epoch, clock, tic)
             fallback = restore_point or (good, good_optimizer)
             try:
                 loss, err, restarted = _epoch_with_back_off(model, loss_fn, x, y, config, run,
@@ -338,7 +340,9 @@ def _epoch(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, config: FitC
             continue
         w_total, w_count, steps = w_total + value * rows, w_count + rows, steps + 1
         if steps % window == 0:
-            run.converged = run.scheduler.window_end(w_total / w_count) == "converged"
+            epoch, clock, tic = run.began  # the budget spent so far, for its anneal
+            spent = run.scheduler.progress(epoch - 1, clock + time.perf_counter() - tic)
+            run.converged = run.scheduler.window_end(w_total / w_count, spent) == "converged"
             w_total, w_count = 0.0, 0
             if run.converged:
                 break
