@@ -27,7 +27,7 @@ import torch
 
 from gpscale.data import Dataset, load_csv, load_dataset
 from gpscale.data.datasets import get_entry
-from gpscale.data.options import check_data_options
+from gpscale.data.options import check_data_options, check_file_options
 from gpscale.devices import inducing_options, on_cpu_after_oom
 from gpscale.distributions import Predictive
 from gpscale.errors import NonFiniteLossError
@@ -109,6 +109,9 @@ class RunSpec:
             entry = get_entry(self.dataset)  # ones (split and seed are fields of their own)
             object.__setattr__(self, "dataset_options", check_data_options(
                 entry.name, entry.options, self.dataset_options))
+        else:  # a file of the user's own: its reading options (header, delimiter, ...)
+            object.__setattr__(self, "dataset_options",
+                               check_file_options(str(self.csv), self.dataset_options))
         # Unknown method: ValueError listing valid ones; options checked against the
         # method's declaration and typed ("32" from the command line becomes 32). "auto"
         # is resolved once the data are loaded (resolve_auto), its options checked then.
@@ -132,7 +135,8 @@ class RunResult:
 
 def load_data(spec: RunSpec) -> Dataset:
     if spec.csv is not None:  # a target of digits is a column name first, else an index
-        return load_csv(spec.csv, str(spec.target), task=spec.task, seed=spec.split)
+        return load_csv(spec.csv, str(spec.target), task=spec.task, seed=spec.split,
+                        **spec.dataset_options)
     return load_dataset(spec.dataset, split=spec.split, seed=spec.seed, **spec.dataset_options)
 
 

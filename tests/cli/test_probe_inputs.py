@@ -232,3 +232,38 @@ def test_nonfinite_predictions_name_their_lines(model, tmp_path, capsys, monkeyp
     _fails(capsys, ["predict", "--model", model, "--data", data, "--out", out],
            "the model predicts NaN or inf on lines 3, 6", "outside the training data")
     assert not out.exists()
+
+
+# -- reading options of a file of one's own (--data-option with --data) ----------------------------
+
+def test_file_options_reach_the_reader(tmp_path, capsys):
+    """``header=none`` reads a numeric first row as data (N rows, not N − 1), ``delimiter``
+    and ``test_fraction`` are honoured; before, every --data-option was silently dropped."""
+    x, y = _data()
+    rows = np.column_stack([x, y])
+    path = _write(tmp_path / "t.csv", None, rows)
+    inferred = _ok(capsys, _fit(path, tmp_path / "a", target="3"))
+    assert '"n_train": 54' in inferred and '"n_test": 6' in inferred
+    path.write_text(path.read_text().replace(",", ";"))
+    as_data = _ok(capsys, _fit(path, tmp_path / "b", "--data-option", "header=none",
+                               "--data-option", "delimiter=;", "--data-option",
+                               "test_fraction=0.25", target="3"))
+    assert '"n_train": 45' in as_data and '"n_test": 15' in as_data
+    # header=0 takes the first row of numbers as names: the target is then named, not indexed
+    _write(tmp_path / "n.csv", "1,2,3,4", rows)
+    named = _ok(capsys, _fit(tmp_path / "n.csv", tmp_path / "c", "--data-option", "header=0",
+                             target="4"))
+    assert '"n_train": 54' in named
+
+
+@pytest.mark.parametrize("option, needles", [
+    ("bogus=1", ("unknown data option 'bogus'", "header (", "delimiter (", "test_fraction (")),
+    ("header=yes", ("header='yes' is invalid", "expected infer, none or 0")),
+    ("delimiter=ab", ("delimiter='ab' is invalid", "one character")),
+    ("test_fraction=1.5", ("test_fraction=1.5 is invalid", "between 0 and 1")),
+])
+def test_bad_file_options_are_one_line_errors(tmp_path, capsys, option, needles):
+    x, y = _data()
+    path = _write(tmp_path / "t.csv", "a,b,c,y", np.column_stack([x, y]))
+    _fails(capsys, _fit(path, tmp_path / "run", "--data-option", option), *needles)
+    assert not (tmp_path / "run").exists()

@@ -99,7 +99,8 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
                    metavar="KEY=VALUE", help="method option, e.g. -o num_inducing=1024 "
                    "(repeatable; `gpscale methods KEY` lists them with types and defaults)")
     p.add_argument("--data-option", action="append", type=_data_option, default=[],
-                   metavar="KEY=VALUE", help="dataset option, e.g. --data-option n=100000")
+                   metavar="KEY=VALUE", help="dataset option, e.g. --data-option n=100000; "
+                   "with --data: header=none|0, delimiter=X|tab, test_fraction=F")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (default: a bar on a terminal)")
 

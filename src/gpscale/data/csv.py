@@ -92,10 +92,11 @@ def _read(path: Path, delimiter: str | None, header: str | int | None,
         log.warning("%s: read line by line (slower) because %s", path, why)
     if table.header_note and table.names is not None:
         log.warning("%s: %s; if it is data, add a header row of names that are not numbers (or "
-                    "pass header=None)", path, table.header_note)
+                    "pass header=None; gpscale fit: --data-option header=none)", path,
+                    table.header_note)
     elif table.header_note:
         log.info("%s: %s; if it is a header, use names that are not numbers (or pass "
-                 "header=0)", path, table.header_note)
+                 "header=0; gpscale fit: --data-option header=0)", path, table.header_note)
     return table
 
 

@@ -11,6 +11,9 @@ was a ``TypeError`` traceback).
 Kinds: ``int`` (an integer; not a bool, not ``2.5``), ``float`` (a finite real number),
 ``box`` (a list of ``[low, high]`` pairs, one per input dimension, low < high) and ``interval``
 (one ``[low, high]`` pair). ``n`` is accepted for ``num_train`` where a set declares it.
+
+A file of the user's own (``gpscale fit --data``) takes the reading options of
+:func:`gpscale.data.load_csv` instead, checked by :func:`check_file_options`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DataOption", "check_data_options", "sizes"]
+__all__ = ["DataOption", "FILE_OPTIONS", "check_data_options", "check_file_options", "sizes"]
 
 KINDS = ("int", "float", "box", "interval")
 
@@ -134,3 +137,50 @@ def _number(value: Any, *, integer: bool) -> int | float | None:
     if isinstance(value, numbers.Real) and math.isfinite(float(value)):
         return float(value)
     return None
+
+
+FILE_OPTIONS = {
+    "header": "infer (default), none (the first row is data) or 0 (it is a header); text files",
+    "delimiter": "the field separator, one character or 'tab' (default: sniffed); text files",
+    "test_fraction": "the fraction of rows held out for testing, in (0, 1) (default 0.1)",
+}
+"""The options of a data file of the user's own (``--data-option KEY=VALUE`` with ``--data``)."""
+
+
+def check_file_options(path: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The reading options ``given`` for the data file ``path``, as keywords of
+    :func:`gpscale.data.load_csv`.
+
+    Raises:
+        ValueError: an unknown name (the message lists :data:`FILE_OPTIONS`) or a value that
+            does not fit its option.
+    """
+    unknown = [k for k in given if k not in FILE_OPTIONS]
+    if unknown:
+        valid = "; ".join(f"{k} ({why})" for k, why in FILE_OPTIONS.items())
+        raise ValueError(f"unknown data option{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))} for the file {path}; valid options: "
+                         f"{valid}")
+    return {key: _file_option(path, key, value) for key, value in given.items()}
+
+
+def _file_option(path: str, key: str, value: Any) -> Any:
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{path}: data option {key}={value!r} is invalid: {why} "
+                          f"({key}: {FILE_OPTIONS[key]})")
+
+    if key == "header":  # JSON has read "0" as 0 and "null" as None
+        text = value if value is None or isinstance(value, bool) else str(value).lower()
+        headers = {None: None, "none": None, "null": None, "0": 0, "infer": "infer"}
+        if text not in headers:
+            raise bad("expected infer, none or 0")
+        return headers[text]
+    if key == "delimiter":
+        text = "\t" if value == "tab" else value
+        if not isinstance(text, str) or len(text) != 1 or text in "\r\n\"":
+            raise bad("expected one character")
+        return text
+    number = _number(value, integer=False)
+    if number is None or not 0 < number < 1:
+        raise bad("expected a number between 0 and 1")
+    return number
