@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 
 import numpy as np
 import pytest
@@ -236,24 +237,29 @@ def test_nonfinite_predictions_name_their_lines(model, tmp_path, capsys, monkeyp
 
 # -- reading options of a file of one's own (--data-option with --data) ----------------------------
 
+def _sizes(out: str) -> tuple[int, int]:
+    metrics = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    return metrics["n_train"], metrics["n_test"]
+
+
 def test_file_options_reach_the_reader(tmp_path, capsys):
-    """``header=none`` reads a numeric first row as data (N rows, not N − 1), ``delimiter``
-    and ``test_fraction`` are honoured; before, every --data-option was silently dropped."""
+    """Each option changes what is read; before, every --data-option of --data was dropped.
+    ``10,20,30,40`` above decimals is a header by default and N + 1 data rows under
+    ``header=none``; a first row of integers above integers is data by default and names
+    under ``header=0``; ``delimiter`` and ``test_fraction`` are honoured."""
     x, y = _data()
-    rows = np.column_stack([x, y])
-    path = _write(tmp_path / "t.csv", None, rows)
-    inferred = _ok(capsys, _fit(path, tmp_path / "a", target="3"))
-    assert '"n_train": 54' in inferred and '"n_test": 6' in inferred
-    path.write_text(path.read_text().replace(",", ";"))
-    as_data = _ok(capsys, _fit(path, tmp_path / "b", "--data-option", "header=none",
+    numeric = _write(tmp_path / "numeric.csv", "10,20,30,40", np.column_stack([x, y]))
+    assert _sizes(_ok(capsys, _fit(numeric, tmp_path / "a", target="3"))) == (54, 6)
+    numeric.write_text(numeric.read_text().replace(",", ";"))
+    as_data = _ok(capsys, _fit(numeric, tmp_path / "b", "--data-option", "header=none",
                                "--data-option", "delimiter=;", "--data-option",
                                "test_fraction=0.25", target="3"))
-    assert '"n_train": 45' in as_data and '"n_test": 15' in as_data
-    # header=0 takes the first row of numbers as names: the target is then named, not indexed
-    _write(tmp_path / "n.csv", "1,2,3,4", rows)
-    named = _ok(capsys, _fit(tmp_path / "n.csv", tmp_path / "c", "--data-option", "header=0",
-                             target="4"))
-    assert '"n_train": 54' in named
+    assert sum(_sizes(as_data)) == N + 1 and _sizes(as_data)[1] in (15, 16)
+    ints = np.random.default_rng(1).integers(0, 1000, size=(N, 4))
+    counts = _write(tmp_path / "ints.csv", "1,2,3,4", ints, fmt=lambda v: str(int(v)))
+    assert sum(_sizes(_ok(capsys, _fit(counts, tmp_path / "c", target="3")))) == N + 1
+    named = _ok(capsys, _fit(counts, tmp_path / "d", "--data-option", "header=0", target="4"))
+    assert sum(_sizes(named)) == N
 
 
 @pytest.mark.parametrize("option, needles", [

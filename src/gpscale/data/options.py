@@ -170,7 +170,7 @@ def _file_option(path: str, key: str, value: Any) -> Any:
                           f"({key}: {FILE_OPTIONS[key]})")
 
     if key == "header":  # JSON has read "0" as 0 and "null" as None
-        text = value if value is None or isinstance(value, bool) else str(value).lower()
+        text = None if value is None else str(value).lower()
         headers = {None: None, "none": None, "null": None, "0": 0, "infer": "infer"}
         if text not in headers:
             raise bad("expected infer, none or 0")
