@@ -15,7 +15,8 @@ def test_regression_metrics_use_noise():
     p = Predictive(torch.zeros(1), torch.full((1,), 0.5), noise=torch.tensor(0.5))
     assert p.nll(torch.ones(1)) == pytest.approx(0.5 * math.log(2 * math.pi) + 0.5)
     assert p.stddev.item() == pytest.approx(1.0)
-    assert set(p.metrics(torch.ones(1))) == {"test_rmse", "test_nll", "test_coverage_error"}
+    assert set(p.metrics(torch.ones(1))) == {"test_rmse", "test_nll", "test_coverage",
+                                             "test_coverage_error", "test_mean_std"}
 
 
 def test_classification_metrics_use_probs():

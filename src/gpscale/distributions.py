@@ -95,10 +95,13 @@ class Predictive:
             return {"test_rmse": self.rmse(y), "test_nll": self.nll(y)}
         if self.noise is None:
             return {"test_rmse": self.rmse(y)}
+        coverage = metrics.coverage(self.mean, self.observed_variance, y)
         return {
             "test_rmse": self.rmse(y),
             "test_nll": self.nll(y),
-            "test_coverage_error": self.coverage_error(y),
+            "test_coverage": coverage,
+            "test_coverage_error": abs(coverage - 0.95),
+            "test_mean_std": float(self.observed_variance.double().sqrt().mean()),
         }
 
     def to(self, *args, **kwargs) -> Predictive:

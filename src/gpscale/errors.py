@@ -49,6 +49,11 @@ class ConvergenceWarning(RuntimeWarning):
     reached and what was done about it (a tighter re-solve, or nothing left to try)."""
 
 
+class CalibrationWarning(RuntimeWarning):
+    """A regression model's central 95 % predictive intervals covered a share of the test rows
+    further from 95 % than the rows' count explains; the message names the coverage."""
+
+
 class DeviceMemoryError(MemoryError):
     """A run needs more memory than its device has: refused before training where the need is
     known (the dense baselines' n × n matrices), or torch ran out mid-run. The message is one

@@ -9,6 +9,7 @@ classification metrics take class probabilities of shape (t, C). All return Pyth
 ``accuracy``           fraction of :math:`\\arg\\max_c p_{jc} = y_j`
 ``multiclass_nll``     :math:`-\\tfrac1t\\sum_j \\log p_{j y_j}`
 ``ece``                expected calibration error, 15 equal-width confidence bins
+``coverage``           fraction of y inside the central 95\\% interval of the predictive
 ``coverage_error``     :math:`|\\text{empirical coverage of the central 95\\% interval} - 0.95|`
 ``poisson_nll``        :math:`-\\tfrac1t\\sum_j \\log E_{f \\sim N(\\mu_j, s_j)} p(y_j | e^f)`
                        for Poisson counts (Gauss-Hermite quadrature over the log-rate)
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["json_safe", "rmse", "gaussian_nll", "accuracy", "multiclass_nll", "ece",
-           "coverage_error", "poisson_nll"]
+           "coverage", "coverage_error", "poisson_nll"]
 
 
 def rmse(mean: Tensor, y: Tensor) -> float:
@@ -109,13 +110,18 @@ def ece(probs: Tensor, y: Tensor, num_bins: int = 15) -> float:
     return float(gap.sum() / conf.numel())
 
 
-def coverage_error(mean: Tensor, variance: Tensor, y: Tensor, level: float = 0.95) -> float:
-    """The absolute difference between the fraction of y inside the central ``level`` interval
-    of N(mean, variance) and ``level``."""
+def coverage(mean: Tensor, variance: Tensor, y: Tensor, level: float = 0.95) -> float:
+    """The fraction of y inside the central ``level`` interval of N(mean, variance)."""
     _same_length(mean, y)
     z = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(level, dtype=torch.float64)))
     inside = (y - mean).abs() <= z * variance.sqrt()
-    return abs(float(inside.double().mean()) - level)
+    return float(inside.double().mean())
+
+
+def coverage_error(mean: Tensor, variance: Tensor, y: Tensor, level: float = 0.95) -> float:
+    """The absolute difference between the fraction of y inside the central ``level`` interval
+    of N(mean, variance) and ``level``."""
+    return abs(coverage(mean, variance, y, level) - level)
 
 
 def _same_length(a: Tensor, y: Tensor) -> None:

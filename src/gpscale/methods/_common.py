@@ -45,7 +45,8 @@ from gpscale.validation import check_num_points, check_x, check_xy
 
 __all__ = [
     "check_task_and_init", "default_size", "follow_init", "prior_options", "prior_modules",
-    "gaussian_likelihood", "kmeans_points", "inducing_options", "initial_inducing_points",
+    "gaussian_likelihood", "set_gaussian_noise", "kmeans_points", "inducing_options",
+    "initial_inducing_points",
     "resolve_num_classes", "gpytorch_mode", "translate_cholesky_errors", "pop_prefit_options",
     "DENSE_OPERATOR_BYTES", "dense_operator_limit",
 ]
@@ -158,6 +159,14 @@ def gaussian_likelihood(noise: float) -> gpytorch.likelihoods.GaussianLikelihood
     likelihood = gpytorch.likelihoods.GaussianLikelihood()
     likelihood.initialize(noise=noise)
     return likelihood
+
+
+def set_gaussian_noise(likelihood: gpytorch.likelihoods.GaussianLikelihood,
+                       value: float) -> None:
+    """Set a Gaussian likelihood's σ² to ``value``, kept just above its lower bound."""
+    floor = float(likelihood.noise_covar.raw_noise_constraint.lower_bound)
+    with torch.no_grad():
+        likelihood.noise = torch.full_like(likelihood.noise, max(value, 1.01 * floor))
 
 
 def default_size(value: int | None, num_points: int | None, cap: int, divisor: int,

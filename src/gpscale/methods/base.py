@@ -20,6 +20,7 @@ Class attributes describe the method to the training loop, estimators and CLI:
   turns a state into an object whose size does not grow with n (SoftKI: its m-sized posterior;
   GGP: its sufficient statistics) and :meth:`Method.from_summary` turns it back into a state
   that predicts identically, so ``model.pt`` holds the summary instead of the data.
+- ``heldout_noise``: the harness holds rows out and calibrates σ² on them after training.
 - ``trainable``: the method has parameters to optimise. ``False`` (IterNCGP, SoD-Laplace: fixed
   hyperparameters) means ``condition`` is the whole fit; the runner and the estimators then call
   :func:`gpscale.training.condition_only` instead of ``training.fit``.
@@ -49,6 +50,10 @@ class Method(nn.Module, ABC):
     minibatch: ClassVar[bool] = False
     needs_data_for_prediction: ClassVar[bool] = True
     trainable: ClassVar[bool] = True
+    heldout_noise: ClassVar[bool] = False
+    """Regression whose Gaussian noise σ² the harness calibrates on held-out rows after
+    training (:mod:`gpscale.training.calibration`); such a method has a ``noise`` tensor and
+    implements :meth:`set_noise`."""
 
     def __init__(self, *, task: str = "regression", num_classes: int | None = None,
                  options: dict[str, Any] | None = None):
@@ -77,6 +82,10 @@ class Method(nn.Module, ABC):
         """
         with torch.no_grad():
             return self.condition(x, y)
+
+    def set_noise(self, value: float) -> None:
+        """Set the Gaussian noise variance σ² to ``value`` (methods with ``heldout_noise``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no noise to calibrate")
 
     summary_types: tuple[type, ...] = ()
     """The dataclasses a :meth:`summary` is made of: a saved file holds them as plain records,

@@ -12,10 +12,12 @@ Every caller goes through these two functions — ``gpscale fit`` and the benchm
 2. :func:`train_built` trains it with ``training.fit`` (at most the method's ``prefit_max_lr``
    from a pre-fitted start; or conditions a method with nothing to train), then runs the
    method's closed-form ``finalize(x, y, reduce)`` step when it has one (SoftKI calibrates its
-   noise there), and returns the state to predict with. A method that asks for held-out rows
-   (``holdout_rows``, SoftKI) trains on the others, with the best epoch on the held-out rows
-   kept (:mod:`gpscale.training.validation`); ``finalize`` gets both and the state conditions
-   on all rows.
+   noise there; SVGP, SOLVE-GP and SGPR set q and σ² to their bound's optimum), and returns
+   the state to predict with. A method that asks for held-out rows (``holdout_rows``, SoftKI)
+   trains on the others, with the best epoch on the held-out rows kept
+   (:mod:`gpscale.training.validation`); ``finalize`` gets both and the state conditions on all
+   rows. A method that declares ``heldout_noise`` (GGP, SKI) trains on all but a few
+   rows and sets σ² by them after training (:mod:`gpscale.training.calibration`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import Tensor
 from gpscale.devices import check_dense_fits, inducing_options, on_cpu_after_oom
 from gpscale.methods.base import Method
 from gpscale.methods.registry import build
+from gpscale.training.calibration import calibrate_noise, heldout_rows
 from gpscale.training.config import FitConfig
 from gpscale.training.fit import condition_only, fit
 from gpscale.training.history import History
@@ -42,6 +45,9 @@ from gpscale.training.validation import Validation, split_holdout
 __all__ = ["Trained", "build_method", "cast", "train_built", "train_method"]
 
 log = logging.getLogger("gpscale.training")
+
+NOISE_FLOOR = 1.1e-4
+"""The lowest σ² the held-out calibration tries (the Gaussian likelihood's bound is 1e-4)."""
 
 
 @dataclass
@@ -109,7 +115,10 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
                  "-o prefit_max_lr)", cap, config.lr)
         config = replace(config, lr=cap)
     split = _holdout(model, train, config, parallel)
-    if split is not None:  # trains on the rest, keeps the best epoch on the held-out rows
+    calibrating = split is not None and model.heldout_noise
+    if calibrating:  # trains on the rest, calibrates σ² on the held-out rows below
+        history, state = fit(model, loss_fn, split[0], config, callbacks), None
+    elif split is not None:  # trains on the rest, keeps the best epoch on the held-out rows
         validation = Validation(model.validation_score(*split, seed=config.seed))
         history = fit(model, loss_fn, split[0], config, callbacks, validation=validation)
         state = None
@@ -128,6 +137,12 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
             if history.rows:
                 history.rows[-1].update(changed)
             state = None
+    if calibrating:
+        model.eval()
+        with torch.no_grad():
+            changed = calibrate_noise(model, *split, floor=NOISE_FLOOR)
+        if history.rows:
+            history.rows[-1].update(changed)
     if state is None and condition:
         model.eval()
 
@@ -144,18 +159,19 @@ def _holdout(model: Method, train: tuple[Tensor, Tensor], config: FitConfig, par
     """(rows to train on, rows held out) for a method that asks for held-out rows
     (``holdout_rows(n)``, e.g. SoftKI), else ``None``. One process only: the ranks of a
     data-parallel run train on all their rows (SoftKI then calibrates by the likelihood)."""
-    rows = getattr(model, "holdout_rows", None)
+    rows = heldout_rows if model.heldout_noise else getattr(model, "holdout_rows", None)
     if rows is None or not model.trainable:
         return None
     count = rows(train[0].shape[0])
     if count and parallel is not None:
         log.info("several processes: no rows held out (one process holds rows out to pick the "
-                 "best epoch and calibrate by)")
+                 "best epoch or calibrate by)")
         return None
     if not count:
         return None
-    log.info("holding out %d of %d training rows to pick the best epoch and calibrate by",
-             count, train[0].shape[0])
+    log.info("holding out %d of %d training rows to %s", count, train[0].shape[0],
+             "calibrate the noise by" if model.heldout_noise
+             else "pick the best epoch and calibrate by")
     return split_holdout(*train, count, config.seed)
 
 

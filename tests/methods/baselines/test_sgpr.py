@@ -97,3 +97,20 @@ def test_fewer_points_than_inducing_points_raises(toy_regression):
     x, y = toy_regression
     with pytest.raises(ValueError, match="fewer than the 41 inducing points"):
         build("sgpr", 2, init=(x, y), num_inducing=41)
+
+
+def test_finalize_sets_the_noise_that_maximises_the_dense_bound(toy_regression, generator):
+    """After ``finalize`` σ² maximises the dense Titsias bound over σ² (nearby values give
+    less) and the loss is no larger than before."""
+    x, y = toy_regression
+    sgpr = _sgpr(x, y, torch.rand(6, 2, generator=generator, dtype=torch.float64) * 4 - 2)
+    before = float(sgpr.loss(sgpr.condition(x, y)).detach())
+    changed = sgpr.finalize(x, y)
+    noise = float(sgpr.likelihood.noise.detach())
+    assert changed == {"noise_trained": pytest.approx(NOISE), "noise_calibrated": noise}
+    after = float(sgpr.loss(sgpr.condition(x, y)).detach())
+    assert after < before
+    for factor in (0.97, 1.03):
+        with torch.no_grad():
+            sgpr.likelihood.noise = torch.tensor(noise * factor, dtype=torch.float64)
+        assert float(_dense_titsias_loss(sgpr, x, y)) > after

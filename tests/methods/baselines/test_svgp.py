@@ -235,3 +235,45 @@ def test_fixed_kernel_keeps_hyperparameters_through_training(three_classes):
     rebuilt = build("svgp", x.shape[1], task="classification", num_classes=3, init=None,
                     **model.options)
     assert not any(p.requires_grad for p in rebuilt.gp.covar_module.parameters())
+
+
+def test_finalize_sets_q_and_noise_to_the_collapsed_optimum(toy_regression, inducing):
+    """After ``finalize`` the ELBO equals Titsias' bound (q at its optimum) at a noise where the
+    dense bound is maximal, and a single step from a prior q only raises the ELBO."""
+    x, y = toy_regression
+    model = _regression(x, y, inducing)
+    K_diag, K_xz, K_zz = _dense_kernels(x, inducing)
+    before = -model.loss(model.condition(x, y)).item()
+    changed = model.finalize(x, y)
+    noise = float(model.likelihood.noise.detach())
+    assert changed["noise_trained"] == pytest.approx(NOISE)
+    assert changed["noise_calibrated"] == pytest.approx(noise)
+    elbo = -model.loss(model.condition(x, y)).item() * x.shape[0]
+    assert elbo == pytest.approx(titsias_bound(K_diag, K_xz, K_zz, y, MEAN, noise).item(),
+                                 rel=1e-6)
+    assert elbo / x.shape[0] > before
+    for factor in (0.97, 1.03):  # a maximum over σ² of the dense bound
+        assert titsias_bound(K_diag, K_xz, K_zz, y, MEAN, noise * factor) < elbo
+    mu, S = optimal_whitened_q(K_xz, K_zz, y, MEAN, noise)
+    q = model.gp.variational_strategy._variational_distribution
+    torch.testing.assert_close(q.variational_mean.detach(), mu, rtol=1e-6, atol=1e-8)
+    L = q.chol_variational_covar.detach().tril()
+    torch.testing.assert_close(L @ L.mT, S, rtol=1e-6, atol=1e-8)
+
+
+def test_finalize_sums_over_ranks_and_skips_when_switched_off(toy_regression, inducing):
+    """Two shards with a summing ``reduce`` give the one-process result; ``optimal_q=False``
+    leaves the model alone."""
+    x, y = toy_regression
+    half = x.shape[0] // 2
+    whole, first, second = (_regression(x, y, inducing) for _ in range(3))
+    whole.finalize(x, y)
+    sums = []  # the second shard's statistics, in the order a rank would reduce them
+    second.finalize(x[half:], y[half:], reduce=lambda t: (sums.append(t), t)[1])
+    first.finalize(x[:half], y[:half], reduce=lambda t: t + sums.pop(0))
+    assert not sums
+    assert float(first.likelihood.noise.detach()) == pytest.approx(
+        float(whole.likelihood.noise.detach()), rel=1e-9)
+    off = build("svgp", 2, init=(x, y), num_inducing=6, noise=NOISE, optimal_q=False, **HYPERS)
+    assert off.finalize(x, y) is None
+    assert float(off.likelihood.noise.detach()) == pytest.approx(NOISE)

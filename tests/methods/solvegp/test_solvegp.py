@@ -281,3 +281,45 @@ def test_predictive_matches_eqs_37_38(whiten):
     torch.testing.assert_close(pred.mean, mean, **TOL)
     torch.testing.assert_close(pred.variance, cov.diagonal(), rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(pred.noise, torch.tensor(HYPER["noise"]), rtol=1e-6, atol=0)
+
+
+# -- the closed-form step after training (methods/solvegp/optimal.py) ------------------------------
+def test_statistics_give_the_collapsed_bound_and_its_optimal_q():
+    """From the streamed sums, q and Eq. (30) equal what ``objective='collapsed'`` computes
+    from the full projections at the same σ²."""
+    from gpscale.methods.solvegp.optimal import optimal_solve_q, solve_statistics
+
+    x, y = toy_data()
+    x, y = x.double(), y.double()
+    model = small_model(x, y)
+    collapsed = small_model(x, y, objective="collapsed")
+    collapsed.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        state = collapsed.condition(x, y)
+        stats = solve_statistics(model, x, y, chunk_size=7)  # several chunks
+        q = optimal_solve_q(stats, float(model.noise))
+    torch.testing.assert_close(q["bound"] * x.shape[0], state.bound, rtol=1e-8, atol=1e-8)
+    for name in ("mean_u", "chol_u", "mean_v", "chol_v"):
+        torch.testing.assert_close(q[name], getattr(state.q, name)[0], rtol=1e-7, atol=1e-9)
+
+
+def test_finalize_sets_q_and_the_noise_that_maximise_the_bound():
+    """After ``finalize`` the minibatch ELBO on all rows equals Eq. (30) at a σ² where Eq. (30)
+    is maximal, and is above the ELBO before; ``optimal_q=False`` changes nothing."""
+    from gpscale.methods.solvegp.optimal import solve_bound, solve_statistics
+
+    x, y = toy_data()
+    x, y = x.double(), y.double()
+    model = randomise_q(small_model(x, y))
+    before = -float(model.loss(model.condition(x, y)).detach())
+    changed = model.finalize(x, y)
+    noise = float(model.noise.detach())
+    assert changed == {"noise_trained": pytest.approx(HYPER["noise"]), "noise_calibrated": noise}
+    elbo = -float(model.loss(model.condition(x, y)).detach())
+    stats = solve_statistics(model, x, y)
+    assert elbo == pytest.approx(solve_bound(stats, noise), rel=1e-7)
+    assert elbo > before
+    for factor in (0.97, 1.03):
+        assert solve_bound(stats, noise * factor) < elbo
+    off = small_model(x, y, optimal_q=False)
+    assert off.finalize(x, y) is None and float(off.noise.detach()) == HYPER["noise"]

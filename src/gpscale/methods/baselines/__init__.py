@@ -1,6 +1,8 @@
 """Thin wrappers around GPyTorch's own models: exact, cggp, sgpr, svgp.
 
 Importing this package registers the four method keys (see :mod:`gpscale.methods.registry`).
+``optimal_q`` holds the closed-form step after training that sets SVGP's q(v) and σ² (and
+SGPR's σ²) to the collapsed bound's optimum for the trained inducing points and kernel.
 """
 
 from gpscale.methods.baselines.cggp import CGSettings, build_cggp

@@ -30,6 +30,7 @@ GPyTorch settings: :class:`~gpscale.methods.baselines.exact.CholeskySettings` (n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -56,6 +57,7 @@ from gpscale.methods.baselines._exactgp import (
     negative_mll,
 )
 from gpscale.methods.baselines.exact import CHOLESKY_OPTIONS, CholeskySettings
+from gpscale.methods.baselines.optimal_q import kernel_statistics, optimal_noise
 from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
@@ -112,6 +114,24 @@ class SGPR(Method):
         with (self.settings.context(), gpytorch.settings.sgpr_diagonal_correction(False),
               gpytorch_mode(self, training=True)):
             return negative_mll(state)
+
+    def finalize(self, x: Tensor, y: Tensor, reduce: Callable[[Tensor], Tensor] | None = None,
+                 held: Any = None, chunk_size: int = 4096) -> dict[str, float] | None:
+        """After training: σ² set to the maximum of the bound for the trained inducing inputs
+        and kernel (:func:`~gpscale.methods.baselines.optimal_q.optimal_noise`, one O(n m²)
+        pass), so that a run its budget stopped still predicts with the noise its bound asks
+        for. Returns the noise before and after, for the history."""
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y)
+        with torch.no_grad(), self.settings.context(), gpytorch_mode(self, training=False):
+            stats = kernel_statistics(self.kernel.base_kernel, self.mean, self.inducing_points,
+                                      x, y, jitter=0.0, chunk_size=chunk_size).reduced(reduce)
+            trained = float(self.likelihood.noise.detach())
+            floor = float(self.likelihood.noise_covar.raw_noise_constraint.lower_bound)
+            self.likelihood.noise = torch.tensor(optimal_noise(stats, floor=1.01 * floor),
+                                                 dtype=x.dtype, device=x.device)
+        return {"noise_trained": trained,
+                "noise_calibrated": float(self.likelihood.noise.detach())}
 
     def predict(self, state: ExactGPState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
         """Titsias' predictive in chunks of ``chunk_size`` test points."""

@@ -60,6 +60,7 @@ from gpscale.methods._common import (
 )
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.baselines.exact import NEVER_CG
+from gpscale.methods.baselines.optimal_q import kernel_statistics, optimal_noise, optimal_q
 from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
@@ -216,6 +217,34 @@ class SVGP(Method):
         """Negative ELBO per datum: kl − expected_log_lik."""
         return self.kl(state) - self.expected_log_lik(state)
 
+    def finalize(self, x: Tensor, y: Tensor, reduce: Callable[[Tensor], Tensor] | None = None,
+                 held: Any = None, chunk_size: int = 4096) -> dict[str, float] | None:
+        """After training a regression model with ``optimal_q`` on: q(v) and σ² set to the
+        optimum of the ELBO for the trained inducing inputs and kernel
+        (:mod:`~gpscale.methods.baselines.optimal_q`), from one O(n m²) pass over ``(x, y)``;
+        ``reduce`` sums the pass's statistics over the ranks of a data-parallel run. Returns
+        the noise before and after, for the history."""
+        if self.task != "regression" or not self.options.get("optimal_q", True):
+            return None
+        check_x(x, num_dims=self.num_dims)
+        check_xy(x, y)
+        with torch.no_grad(), self.settings.context(), gpytorch_mode(self, training=False):
+            jitter = (self.settings.variational_jitter_double if x.dtype == torch.float64
+                      else self.settings.variational_jitter_float)
+            stats = kernel_statistics(self.gp.covar_module, self.gp.mean_module,
+                                      self.inducing_points, x, y, jitter=jitter,
+                                      chunk_size=chunk_size).reduced(reduce)
+            trained = float(self.likelihood.noise.detach())
+            floor = float(self.likelihood.noise_covar.raw_noise_constraint.lower_bound)
+            noise = optimal_noise(stats, floor=max(floor * 1.01, 1e-8))
+            m, chol_S = optimal_q(stats, noise)
+            q = self.gp.variational_strategy._variational_distribution
+            q.variational_mean.data.copy_(m.to(q.variational_mean))
+            q.chol_variational_covar.data.copy_(chol_S.to(q.chol_variational_covar))
+            self.likelihood.noise = torch.tensor(noise, dtype=x.dtype, device=x.device)
+        return {"noise_trained": trained,
+                "noise_calibrated": float(self.likelihood.noise.detach())}
+
     def predict(self, state: SVGPState | None, x_test: Tensor,
                 chunk_size: int = 4096) -> Predictive:
         """Marginal predictive at ``x_test`` (t, d); ``state`` is not needed (may be ``None``)."""
@@ -265,7 +294,7 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
                seed: int = 0, kmeans_max_points: int = 10_000, num_data: int | None = None,
                variational_jitter_float: float = 1e-4, variational_jitter_double: float = 1e-6,
                num_likelihood_samples: int = 64, learn_kernel: bool = True,
-               **prior: Any) -> SVGP:
+               optimal_q: bool = True, **prior: Any) -> SVGP:
     """Factory of ``svgp`` (see :mod:`gpscale.methods.registry`).
 
     Args:
@@ -283,6 +312,8 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
         learn_kernel: ``False`` freezes the kernel hyperparameters (lengthscale, output scale)
             and the constant mean at their initial values, as in the IterNCGP paper's
             comparisons where all methods share fixed hyperparameters (notes/000 §11.3).
+        optimal_q: regression: :meth:`SVGP.finalize` sets q(v) and σ² to the ELBO's optimum
+            after training.
         **prior: ``kernel``, ``ard``, ``lengthscale``, ``outputscale``, ``noise`` (regression),
             ``mean_constant`` (see :func:`~gpscale.methods._common.prior_options`).
 
@@ -320,7 +351,7 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
     model = SVGP(_ApproximateGP(mean, kernel, z, num_latents), likelihood, settings, task=task,
                  num_classes=num_classes, num_dims=num_dims, num_data=num_data, seed=seed,
                  options={**ind, "num_data": num_data, **opts, **asdict(settings),
-                          "learn_kernel": bool(learn_kernel)})
+                          "learn_kernel": bool(learn_kernel), "optimal_q": bool(optimal_q)})
     return follow_init(model, init)
 
 
@@ -333,6 +364,9 @@ register(MethodSpec(
                      "on a GPU min(1024, n/2)"),) + INDUCING_OPTIONS[1:] + PRIOR_OPTIONS + (
         Option("learn_kernel", "bool", True, "learn the kernel hyperparameters and the mean "
                "(false: frozen at their initial values)"),
+        Option("optimal_q", "bool", True, "regression: after training, set q(v) and the "
+               "noise to the ELBO's optimum for the trained inducing points and kernel (one "
+               "pass over the data; false: keep what the optimiser reached)"),
         Option("num_likelihood_samples", "int", 64, "Monte Carlo samples of the softmax "
                "likelihood", minimum=1),
         Option("variational_jitter_float", "float", 1e-4, "jitter of K_zz in float32",

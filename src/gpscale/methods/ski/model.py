@@ -95,6 +95,7 @@ from gpscale.methods._common import (
     gaussian_likelihood,
     prior_modules,
     prior_options,
+    set_gaussian_noise,
 )
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.options import Option, prior_options_with
@@ -199,6 +200,7 @@ class GGP(Method):
 
     key = "ggp"
     needs_data_for_prediction = True
+    heldout_noise = True
     summary_types = (SufficientStatistics, Grid, GramStencil)
 
     def __init__(self, mean, kernel, likelihood, *, num_dims: int, options: dict[str, Any]):
@@ -214,6 +216,9 @@ class GGP(Method):
     @property
     def noise(self) -> Tensor:
         return self.likelihood.noise.squeeze(-1)
+
+    def set_noise(self, value: float) -> None:
+        set_gaussian_noise(self.likelihood, value)
 
     def statistics(self, data, chunk_size: int = 100_000) -> SufficientStatistics:
         """One streaming pass over ``data`` (see :func:`sufficient_statistics`); the same
@@ -314,6 +319,7 @@ class SKI(Method):
 
     key = "ski"
     needs_data_for_prediction = True
+    heldout_noise = True
 
     def __init__(self, mean, kernel, likelihood, *, num_dims: int, options: dict[str, Any]):
         super().__init__(task="regression", options=options)
@@ -322,6 +328,7 @@ class SKI(Method):
 
     grid = GGP.grid
     noise = GGP.noise
+    set_noise = GGP.set_noise
 
     def _rows(self, x: Tensor):
         """W's rows for x, the seeded probes Z and WᵀZ (what every step on x reuses)."""
@@ -432,18 +439,8 @@ def _build(cls, key: str, num_dims: int, *, task: str, init, grid_size=None, gri
 
 def build_ggp(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
               init: tuple[Tensor, Tensor] | None = None, **options: Any) -> GGP:
-    """Factory of ``ggp`` (see :mod:`gpscale.methods.registry`).
-
-    Options: ``grid_size`` (int or per-dimension list; default 1024 / 100² / 32³ for d = 1/2/3),
-    ``grid_bounds`` ((lower, upper) box the grid covers; default the ``init`` data's box widened
-    by ``grid_margin`` (0.1) of its range each side), ``interpolation`` ('cubic', 'linear'),
-    ``num_probes`` (16), ``rtol`` (1e-3), ``max_iters`` (1000), ``solver`` ('auto' (default:
-    'preconditioned' for a Kronecker K_G, else 'iterative'), 'preconditioned', 'iterative',
-    'dense'),
-    ``variance`` ('lanczos', 'exact'), ``variance_rank`` (128), ``seed``, ``wtw_format``
-    ('csr' (default, measured 2–4× faster here) or 'stencil') and the prior options
-    ``kernel`` (default 'rbf'), ``ard``,
-    ``lengthscale``, ``outputscale``, ``noise``, ``mean_constant``.
+    """Factory of ``ggp`` (see :mod:`gpscale.methods.registry`); its options, with types and
+    defaults, are :func:`_grid_options` (``gpscale methods ggp`` prints them).
 
     Raises:
         ValueError: d > 3 (grid size exponential in d), bad options or ``init`` data.

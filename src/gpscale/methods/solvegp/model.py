@@ -39,40 +39,36 @@ Implemented:
   :func:`optimal_q_v`). Prediction then uses q*(v⊥) and the optimal q(u) given it (derived in notes
   §2.7: whitened S_u = Λ⁻¹, m_u = Λ⁻¹B(y − μ₀ − Dᵀa_v)/σ², Λ = I + BBᵀ/σ²), so it needs the data.
 - Predictive, Eqs. (37)–(38) marginals (= (33)–(34) at test inputs); σ² added for regression.
+  ``optimal_q``: regression sets q and σ² to it after training (:mod:`.solvegp.optimal`).
 - Special cases by arguments: ``num_orthogonal=0`` is SVGP (Hensman et al. 2013/2015);
   ``orthogonal_q='mean'`` fixes S_v = C_vv (whitened L_v = I) and learns m_v only: ODVGP
   (Salimbeni et al. 2018, notes §2.10), without its K_vv column subsampling.
 
 Likelihoods (gpscale.likelihoods): Gaussian, closed form; binary labels: one latent GP with the
 logistic Bernoulli, E[log p] and p(y = 1) by Gauss–Hermite quadrature (``num_quadrature`` nodes);
-C > 2 classes: C independent latent GPs (own kernel hyperparameters, own Z and O, as the ``svgp``
-baseline), softmax, E[log p] and probabilities by Monte Carlo with ``num_likelihood_samples``
-reparameterised draws from the independent marginals (prediction: one set of draws seeded with
-``seed``, shared by all points; training draws from the global generator or ``loss``'s).
-
-Initialisation: k-means with M + M2 centres on (a seeded subsample of) the inputs, randomly split
-into Z (M) and O (M2), so that no o_i sits on a z_j (C_vv would be singular there, notes §5);
-q(u), q(v⊥) start at the prior (whitened: N(0, I); unwhitened: L_u = L_u⁰, L_v = L_v⁰).
-
-Numerics and speed (one minibatch step in float32; notes §2.11): K(Z ∪ O, Z ∪ O) is one kernel
-call, upcast to float64; K_uu, C_vv, their Cholesky factors, A and the inverse factors (L_u⁰)⁻¹,
-(L_v⁰)⁻¹ are float64 (:func:`cholesky_and_inverse`, whose backward needs products only). The
-batch-sized work is in the data dtype: K(x, Z ∪ O) is one kernel call (one fused autograd node for
-the stationary profiles of :mod:`gpscale.linalg.fused`, :func:`kernel_matrix_fused`), and the two
-triangular solves of Alg. 1 line 4 are products with the inverse factors cast to that dtype, B =
-(L_u⁰)⁻¹K_uf, D = (L_v⁰)⁻¹(K_vf − AᵀB), with rounding errors of order ε‖(L⁰)⁻¹‖‖k(·, x)‖ like a
-float32 triangular solve's. B and D stay whitened (‖b_j‖² + ‖d_j‖² ≤ k(x_j, x_j)); the variance is
-never formed from K_uu⁻¹-scaled terms (k_uᵀK_uu⁻¹(S − K_uu)K_uu⁻¹k_u), which would square that. The
-variance terms are the quadratic forms b_jᵀ(P_uP_uᵀ − I)b_j + d_jᵀ(P_vP_vᵀ − I)d_j
-(:func:`mean_and_quadratic`, one product forward and one backward per set). The collapsed objective
-computes B, D in float64.
+C > 2 classes: C independent latent GPs (own kernel hyperparameters, own Z and O, as ``svgp``),
+softmax, E[log p] and probabilities by Monte Carlo with ``num_likelihood_samples`` draws from
+the independent marginals (prediction: one set of draws seeded with ``seed``, shared by all
+points; training draws from the global generator or ``loss``'s). Initialisation: k-means with
+M + M2 centres on (a seeded subsample of) the inputs, randomly split into Z (M) and O (M2), so
+that no o_i sits on a z_j (C_vv would be singular there, notes §5); q(u), q(v⊥) start at the
+prior (whitened: N(0, I); unwhitened: L_u = L_u⁰, L_v = L_v⁰). Numerics and speed (one minibatch
+step in float32; notes §2.11): K(Z ∪ O, Z ∪ O) is one kernel call, upcast to float64; K_uu, C_vv,
+their Cholesky factors, A and the inverse factors (L_u⁰)⁻¹, (L_v⁰)⁻¹ are float64
+(:func:`cholesky_and_inverse`, whose backward needs products only). The batch-sized work is in the
+data dtype: K(x, Z ∪ O) is one kernel call (one fused autograd node for the stationary profiles of
+:mod:`gpscale.linalg.fused`, :func:`kernel_matrix_fused`), and the two triangular solves of Alg. 1
+line 4 are products with the inverse factors cast to that dtype, B = (L_u⁰)⁻¹K_uf, D =
+(L_v⁰)⁻¹(K_vf − AᵀB), with rounding errors of order ε‖(L⁰)⁻¹‖‖k(·, x)‖ like a float32 triangular
+solve's. B and D stay whitened (‖b_j‖² + ‖d_j‖² ≤ k(x_j, x_j)); the variance is never formed from
+K_uu⁻¹-scaled terms (k_uᵀK_uu⁻¹(S − K_uu)K_uu⁻¹k_u), which would square that. The variance terms
+are the quadratic forms b_jᵀ(P_uP_uᵀ − I)b_j + d_jᵀ(P_vP_vᵀ − I)d_j (:func:`mean_and_quadratic`,
+one product forward and one backward per set). The collapsed objective computes B, D in float64.
 ``jitter`` (1e-4 in float32, 1e-6 in float64 by default, as GPyTorch) is added to K_uu and C_vv;
 ``safe_cholesky`` adds more, with a warning, if needed. σ²(x) is a difference of terms, clamped at
-0 (notes §5).
-
-Cost per step: O(b (M² + M M2 + M2²) + M³ + M2³ + M M2²) time, O(b (M + M2) + M² + M2²) memory,
-times L. Deviation: the paper trains with no prior mean; we learn a constant mean like the
-GPyTorch baselines.
+0 (notes §5). Cost per step: O(b (M² + M M2 + M2²) + M³ + M2³ + M M2²) time, O(b (M + M2) + M² +
+M2²) memory, times L. Deviation: the paper trains with no prior mean; we learn a constant mean like
+the GPyTorch baselines.
 """
 
 from __future__ import annotations
@@ -99,6 +95,7 @@ from gpscale.methods._common import (
 )
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.registry import MethodSpec, register
+from gpscale.methods.solvegp.optimal import finalize_regression
 from gpscale.methods.solvegp.parts import (
     OBJECTIVES,
     ORTHOGONAL_Q,
@@ -346,6 +343,10 @@ class SolveGP(Method):
 
         return predict_in_chunks(chunk, x_test, chunk_size)
 
+    def finalize(self, x: Tensor, y: Tensor, reduce: Any = None, held: Any = None) -> Any:
+        """Regression with ``optimal_q``: q and σ² at the ELBO's optimum (one data pass)."""
+        return finalize_regression(self, x, y, reduce)
+
     def reset_variational(self) -> None:
         """Set q(u), q(v⊥) to the prior: m = 0, L = I (whitened) or L⁰ (unwhitened)."""
         with torch.no_grad():
@@ -415,7 +416,7 @@ def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int |
                   orthogonal_q: str = "full", seed: int = 0, kmeans_max_points: int = 10_000,
                   num_data: int | None = None, jitter: float | None = None,
                   num_quadrature: int = 20, num_likelihood_samples: int = 32,
-                  **prior: Any) -> SolveGP:
+                  optimal_q: bool = True, **prior: Any) -> SolveGP:
     """Factory of ``solvegp`` (see :mod:`gpscale.methods.registry`).
 
     Args:
@@ -432,10 +433,10 @@ def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int |
         orthogonal_q: ``'full'`` (SOLVE-GP) or ``'mean'`` (S_v = C_vv, ODVGP).
         seed: seeds k-means, its subsample, the Z/O split and the softmax probabilities.
         kmeans_max_points: k-means runs on at most this many (randomly chosen) rows of x.
-        num_data: N; required when ``init`` is ``None``.
+        num_data: N (``None``: that of ``init``). num_quadrature: binary likelihood's nodes.
         jitter: added to K_uu and C_vv (``None``: 1e-4 in float32, 1e-6 in float64).
-        num_quadrature: Gauss–Hermite nodes for the binary likelihood.
         num_likelihood_samples: Monte Carlo draws for the softmax likelihood.
+        optimal_q: regression: :meth:`SolveGP.finalize` sets q and σ² to the optimum.
         **prior: ``kernel`` (default matern32), ``ard``, ``lengthscale``, ``outputscale``,
             ``noise`` (regression), ``mean_constant``
             (:func:`~gpscale.methods._common.prior_options`).
@@ -448,8 +449,6 @@ def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int |
     n_init = None if init is None else init[0].shape[0]
     num_inducing = default_size(num_inducing, n_init, 256, 4, "num_inducing")
     num_orthogonal = default_size(num_orthogonal, n_init, 256, 4, "num_orthogonal")
-    check_choice("objective", objective, OBJECTIVES)
-    check_choice("orthogonal_q", orthogonal_q, ORTHOGONAL_Q)
     check_sizes(init, num_inducing=num_inducing, num_orthogonal=num_orthogonal,
                 num_quadrature=num_quadrature, num_likelihood_samples=num_likelihood_samples,
                 jitter=jitter, kmeans_max_points=kmeans_max_points)
@@ -479,7 +478,8 @@ def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int |
                "objective": objective, "whiten": bool(whiten), "orthogonal_q": orthogonal_q,
                "seed": int(seed), "kmeans_max_points": int(kmeans_max_points),
                "num_data": num_data, "jitter": jitter, "num_quadrature": int(num_quadrature),
-               "num_likelihood_samples": int(num_likelihood_samples), **opts}
+               "num_likelihood_samples": int(num_likelihood_samples),
+               "optimal_q": bool(optimal_q), **opts}
     model = SolveGP(mean, kernel, likelihood, z, o, task=task, num_classes=num_classes,
                     num_dims=num_dims, num_data=num_data, objective=objective, whiten=whiten,
                     orthogonal_q=orthogonal_q, jitter=jitter, num_quadrature=num_quadrature,

@@ -403,6 +403,9 @@ SOLVEGP_OPTIONS = (
     Option("num_likelihood_samples", "int", 32, "Monte Carlo samples of the softmax "
            "likelihood", minimum=1),
     *PRIOR_OPTIONS,
+    Option("optimal_q", "bool", True, "regression: after training, set q and the noise to "
+           "the ELBO's optimum for the trained inducing points and kernel (one pass over the "
+           "data; false: keep what the optimiser reached)"),
     Option("num_data", "int", None, "number of training points N", minimum=1, hidden=True),
 )
 """The options of ``solvegp`` (declared here to keep :mod:`gpscale.methods.solvegp.model` short)."""

@@ -1,0 +1,118 @@
+"""Predictive intervals on held-out and test rows (:mod:`gpscale.training.calibration`): the
+noise calibration of the grid methods, the rows it holds out, and the warning a run gives when
+its test rows contradict its intervals."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from gpscale.errors import CalibrationWarning
+from gpscale.methods import build
+from gpscale.training import FitConfig
+from gpscale.training.calibration import (
+    HELDOUT_MAX_ROWS,
+    HELDOUT_MIN_ROWS,
+    HELDOUT_MIN_TRAIN_ROWS,
+    calibrate_noise,
+    coverage_message,
+    coverage_tolerance,
+    heldout_rows,
+    interval_coverage,
+)
+from gpscale.training.harness import train_method
+
+NOISE_STD = 0.1
+
+
+def _field(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, generator=g, dtype=torch.float64) * 4 - 2
+    y = torch.sin(3 * x[:, 0]) + NOISE_STD * torch.randn(n, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def test_heldout_rows_are_a_tenth_within_bounds():
+    assert heldout_rows(HELDOUT_MIN_TRAIN_ROWS - 1) == 0
+    assert heldout_rows(HELDOUT_MIN_TRAIN_ROWS) == HELDOUT_MIN_ROWS
+    assert heldout_rows(15_000) == 1_500
+    assert heldout_rows(10**7) == HELDOUT_MAX_ROWS
+
+
+def test_interval_coverage_counts_points_inside_the_central_interval():
+    mean, variance = torch.zeros(4), torch.ones(4)
+    assert interval_coverage(mean, variance, torch.tensor([0.0, 1.9, -1.95, 2.0])) == 0.75
+
+
+def test_coverage_message_only_beyond_the_tolerance():
+    assert coverage_tolerance(2_000) == 0.025
+    assert coverage_tolerance(50) == pytest.approx(3 * math.sqrt(0.95 * 0.05 / 50))
+    assert coverage_message("svgp", 0.96, 2_000) is None
+    assert coverage_message("svgp", None, 2_000) is None
+    wide = coverage_message("svgp", 0.998, 2_000, stopped="time")
+    assert "99.8%" in wide and "too wide" in wide and "--max-time" in wide
+    narrow = coverage_message("ggp", 0.51, 4_500, stopped="converged")
+    assert "51.0%" in narrow and "too narrow" in narrow and "--max-time" not in narrow
+    assert coverage_message("ggp", 0.85, 30) is None  # 30 rows cannot tell 85 % from 95 %
+
+
+@pytest.mark.parametrize("start", [1.5e-4])
+def test_calibrate_noise_recovers_the_noise_from_a_wrong_start(start):
+    """GGP with σ² far too large or far too small: on held-out rows the calibration finds σ²
+    near the data's 0.01 and intervals that cover about 95 % of new rows."""
+    x, y = _field(1_200, seed=0)
+    fit, held = (x[:1_000], y[:1_000]), (x[1_000:], y[1_000:])
+    model = build("ggp", 1, init=fit, grid_size=128, lengthscale=0.3, noise=start)
+    changed = calibrate_noise(model, fit, held, floor=1.1e-4)
+    noise = float(model.noise.detach())
+    assert changed["noise_trained"] == pytest.approx(start)
+    assert changed["noise_calibrated"] == pytest.approx(noise)
+    assert NOISE_STD**2 / 2 < noise < NOISE_STD**2 * 2
+    assert abs(changed["heldout_coverage"] - 0.95) < 0.05
+    x_new, y_new = _field(2_000, seed=1)
+    with torch.no_grad():
+        pred = model.predict(model.posterior(x, y), x_new)
+    assert abs(interval_coverage(pred.mean, pred.observed_variance, y_new) - 0.95) < 0.025
+
+
+def test_the_harness_holds_rows_out_and_calibrates_a_grid_model():
+    """One epoch from a noise 50 times too large: the history's last row records the
+    calibration, and the model then predicts new rows with intervals of the right width."""
+    x, y = _field(1_500, seed=2)
+    trained = train_method("ggp", (x, y), task="regression", num_classes=None,
+                           options={"grid_size": 128, "noise": 0.5}, seed=0,
+                           config=FitConfig(epochs=1, lr=0.01, eval_every=1, progress=False))
+    last = trained.history.rows[-1]
+    assert last["heldout_rows"] == heldout_rows(1_500)
+    assert last["noise_trained"] > 0.3 and last["noise_calibrated"] < 0.02
+    x_new, y_new = _field(2_000, seed=3)
+    with torch.no_grad():
+        pred = trained.model.predict(trained.state, x_new)
+    assert abs(interval_coverage(pred.mean, pred.observed_variance, y_new) - 0.95) < 0.025
+
+
+def test_a_run_whose_test_rows_contradict_its_intervals_warns(tmp_path):
+    """SVGP after one epoch without its closed-form step: intervals far too wide, said in one
+    CalibrationWarning naming the coverage; metrics carry test_coverage."""
+    from gpscale.run import RunSpec, run
+
+    x, y = _field(1_000, seed=4)
+    path = tmp_path / "field.csv"
+    rows = "\n".join(f"{a:.6f},{b:.6f}" for a, b in zip(x[:, 0].tolist(), y.tolist(), strict=True))
+    path.write_text("x,y\n" + rows + "\n")
+    spec = RunSpec(method="svgp", csv=str(path), target="y", epochs=1, progress=False,
+                   options={"optimal_q": False, "num_inducing": 16, "noise": 0.5},
+                   dataset_options={"test_fraction": 0.5})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = run(spec).metrics
+    said = [w for w in caught if issubclass(w.category, CalibrationWarning)]
+    assert metrics["test_coverage"] > 0.975
+    assert len(said) == 1 and f"{100 * metrics['test_coverage']:.1f}%" in str(said[0].message)
+    calibrated = run(RunSpec(method="svgp", csv=str(path), target="y", epochs=1, progress=False,
+                             options={"num_inducing": 16, "noise": 0.5},
+                             dataset_options={"test_fraction": 0.5})).metrics
+    assert abs(calibrated["test_coverage"] - 0.95) < coverage_tolerance(500)
