@@ -43,7 +43,7 @@ def main() -> None:
 
     data, fit_dir, noise = args.out / "data.parquet", args.out / "fit", 0.04
     run(["datasets", "synthesize", "--rows", str(args.rows), "--noise", str(noise),
-         "--out", str(data)])
+         "--out", str(data), "--overwrite"])
     fit = ["fit", "--data", str(data), "--target", "y", "--method", args.method,
            "--out", str(fit_dir), "--overwrite", "--no-progress"]
     run(fit + (["--epochs", str(args.epochs)] if args.epochs else []))

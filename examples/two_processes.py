@@ -46,7 +46,7 @@ def main() -> None:
     data, fit_dir = args.out / "data.parquet", args.out / "fit"
     dims = 3 if args.method == "ggp" else 8  # ggp (grid interpolation) takes d <= 3
     run(["datasets", "synthesize", "--rows", str(args.rows), "--dims", str(dims),
-         "--out", str(data)])
+         "--out", str(data), "--overwrite"])
     fit = ["fit", "--data", str(data), "--target", "y", "--method", args.method,
            "--nproc", str(args.nproc), "--out", str(fit_dir), "--overwrite", "--no-progress"]
     run(fit + (["--epochs", str(args.epochs)] if args.epochs else []))

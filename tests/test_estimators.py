@@ -113,6 +113,18 @@ def test_classifier_needs_two_classes():
         GPClassifier(method="svgp").fit(np.zeros((5, 1)), np.zeros(5))
 
 
+def test_classifier_refuses_a_target_that_is_not_class_labels():
+    """Integers all distinct (an identifier, a count) would be one class per row: refused as
+    ``gpscale fit --task classification`` refuses them (fractional numbers: scikit-learn's
+    check)."""
+    X = np.random.default_rng(0).uniform(size=(30, 2))
+    with pytest.raises(ValueError, match="y has 30 distinct values in 30 rows: fewer than 2 "
+                                         "rows per class"):
+        GPClassifier(method="svgp").fit(X, np.arange(30))
+    with pytest.raises(ValueError, match="Unknown label type: continuous"):
+        GPClassifier(method="svgp").fit(X, X[:, 0])
+
+
 def test_fit_is_reproducible_under_random_state(regression_data):
     X, y = regression_data
     a = GPRegressor(method="svgp", num_inducing=10, epochs=3, random_state=3).fit(X, y)
@@ -138,7 +150,7 @@ def test_iterncgp_classifier_with_default_options(labels):
 
 @pytest.mark.parametrize("params, name", [
     ({"lr": "fast"}, "lr"), ({"lr": float("nan")}, "lr"), ({"lr": float("inf")}, "lr"),
-    ({"lr": 0.0}, "lr"), ({"lr": -0.1}, "lr"), ({"epochs": 0}, "epochs"),
+    ({"lr": 0.0}, "lr"), ({"lr": -0.1}, "lr"), ({"lr": 1e30}, "lr"), ({"epochs": 0}, "epochs"),
     ({"epochs": 2.5}, "epochs"), ({"batch_size": "big"}, "batch_size"),
     ({"optimizer": "sgd"}, "optimizer"), ({"scheduler": "cosine"}, "scheduler"),
     ({"dtype": "float16"}, "dtype"), ({"max_time": 0}, "max_time"),

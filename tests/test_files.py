@@ -100,6 +100,8 @@ def test_dataclasses_come_back_as_records_and_rebuild_only_from_given_types():
     assert rebuild(value, Outer, Inner) is value  # in-process objects pass through
     with pytest.raises(FormatError, match="'Inner' where one of Outer was expected"):
         rebuild(back, Outer)
+    with pytest.raises(FormatError, match="'Outer' where only plain data was expected"):
+        rebuild(back)  # no record type is valid here: the message lists none
     with pytest.raises(FormatError, match="unknown fields"):
         rebuild(Record("Inner", {"start": (), "name": "", "__class__": 1}), Inner)
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from gpscale.errors import SavedFileError
-from gpscale.files import decode, encode
+from gpscale.files import Record, decode, encode
 from gpscale.io import (
     LEGACY_FORMAT,
     convert,
@@ -267,3 +267,122 @@ def test_fit_reports_a_damaged_checkpoint(tmp_path):
     ckpt.write_bytes(bytes(raw))
     with pytest.raises(SavedFileError, match="c.pt: "):
         fit(Line(), _loss, _data(), _config(ckpt).updated(epochs=5))
+
+
+# -- fields of the wrong type (a checksum-valid file anyone can write) ----------------------------
+
+def _edit(path, change):
+    """``path`` rewritten with ``change(payload)`` applied and its checksum recomputed."""
+    payload = read_file(path, ("method",))
+    for key in ("format", "version", "kind"):
+        payload.pop(key)
+    change(payload)
+    return write_file(path.with_name("edited.pt"), "method", payload)
+
+
+def _set(*keys, value):
+    def change(payload):
+        target = payload
+        for key in keys[:-1]:
+            target = target[key]
+        if value is _DROP:
+            del target[keys[-1]]
+        else:
+            target[keys[-1]] = value(target[keys[-1]]) if callable(value) else value
+    return change
+
+
+_DROP = object()
+_NAN = float("nan")
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (_set("model", "data", value="abc"), "its field 'model.data' holds a str"),
+    (_set("model", "data", value=lambda d: (d[0],)), "its field 'model.data' holds a tuple"),
+    (_set("model", "data", value=lambda d: (d[0] * _NAN, d[1])),
+     "its field 'model.data' holds NaN or inf in x"),
+    (_set("model", "data", value=lambda d: (d[0][:, :1], d[1])),
+     r"its field 'model.data' holds x of shape \(40, 1\)"),
+    (_set("model", "options", value="abc"), "its field 'model.options' holds a str"),
+    (_set("model", "state_dict", "likelihood.noise_covar.raw_noise",
+          value=lambda t: t * _NAN),
+     "its parameter 'likelihood.noise_covar.raw_noise' holds NaN or inf"),
+    (_set("model", "state_dict", "kernel.raw_outputscale", value=lambda t: t * float("inf")),
+     "its parameter 'kernel.raw_outputscale' holds NaN or inf"),
+    (_set("transform", value="abc"), "its field 'transform' holds a str"),
+    (_set("transform", "x_std", value=_DROP), "its field 'transform.x_std' is missing"),
+    (_set("transform", "x_mean", value=["a", 0.0]),
+     "its field 'transform.x_mean' holds a list, not a list of finite numbers"),
+    (_set("transform", "y_std", value=_NAN),
+     "its field 'transform.y_std' holds a float, not a positive number"),
+    (_set("transform", "kept_columns", value=[0]),
+     "its field 'transform' standardises 1 of 2 input columns"),
+    (_set("info", value=[1]), "its field 'info' holds a list"),
+    (_set("info", "feature_names", value=5), "its field 'info.feature_names' holds an int"),
+    (_set("info", "feature_names", value="ab"), "its field 'info.feature_names' holds a str"),
+    (_set("info", "feature_names", value=["a", 1]),
+     "its field 'info.feature_names' holds a list, not a list of column names"),
+    (_set("info", "num_features", value="2"), "its field 'info.num_features' holds a str"),
+    (_set("info", "classes", value=5), "its field 'info.classes' holds an int"),
+], ids=["data-text", "data-one-tensor", "data-nan", "data-shape", "options-text",
+        "nan-parameter", "inf-parameter", "transform-text", "transform-missing",
+        "transform-text-mean", "transform-nan", "transform-columns", "info-list",
+        "feature-names-int", "feature-names-text", "feature-names-mixed", "num-features-text",
+        "classes-int"])
+def test_a_field_of_the_wrong_type_is_refused_at_load_naming_it(fitted, tmp_path, change,
+                                                                 match):
+    """Probe finding: checksum-valid files with ill-typed fields (model.data, transform,
+    info, feature_names, a NaN parameter) loaded, then `predict` failed with a traceback."""
+    model, data = fitted
+    transform = {"x_mean": [0.1, -0.2], "x_std": [1.5, 2.0], "kept_columns": [0, 1],
+                 "num_input_dims": 2, "y_mean": 0.3, "y_std": 1.2, "x_mean_low": [0.0, 0.0]}
+    info = {"feature_names": ["a", "b"], "num_features": 2, "target_name": "y"}
+    path = _edit(save(model, tmp_path / "m.pt", data=data, transform=transform, info=info),
+                 change)
+    for loader in (load, load_with_data):
+        with pytest.raises(SavedFileError, match=f"^{path}: {match}") as err:
+            loader(path)
+        assert "\n" not in str(err.value)
+
+
+def _softki_file(tmp_path, toy_regression):
+    x, y = toy_regression
+    model = build("softki", 2, init=(x, y), num_inducing=8).double()
+    with torch.no_grad():
+        summary = model.summary(model.posterior(x, y))
+    return save(model, tmp_path / "m.pt", summary=summary)
+
+
+def _summary_field(name, value):
+    def change(payload):
+        record = payload["model"]["summary"]
+        payload["model"]["summary"] = Record(record.type, {**record.fields, name: value})
+    return change
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (_set("model", "summary", value=None),
+     "its fields 'model.data' and 'model.summary' are both empty; method 'softki'"),
+    (_set("model", "summary", value="abc"),
+     "its field 'model.summary' holds a str, not SoftKIPosterior"),
+    (_summary_field("R", "abc"), "its field 'model.summary.R' holds a str, not Tensor"),
+], ids=["none", "text", "field-text"])
+def test_a_softki_summary_that_is_not_one_is_refused_at_load(tmp_path, toy_regression, change,
+                                                             match):
+    """Probe finding: a SoftKI file whose summary was None loaded, then `predict` failed."""
+    path = _edit(_softki_file(tmp_path, toy_regression), change)
+    for loader in (load, load_with_data):
+        with pytest.raises(SavedFileError, match=f"^{path}: {match}"):
+            loader(path)
+
+
+def test_a_saved_state_that_cannot_be_conditioned_on_names_the_file(tmp_path, toy_regression):
+    """A SoftKI summary refused by its model (parameters changed after it was computed) is
+    reported naming the file, like every other problem of a model file."""
+    path = _softki_file(tmp_path, toy_regression)
+    saved = load_with_data(path)
+    with torch.no_grad():
+        saved.model.kernel.base_kernel.raw_lengthscale.add_(0.1)
+    with pytest.raises(SavedFileError, match=f"^{path}: its summary of its training data cannot "
+                                             "be conditioned on: .*other parameters"):
+        saved.state()

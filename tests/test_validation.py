@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpscale.validation import check_num_points, check_x, check_xy
+from gpscale.validation import check_class_labels, check_num_points, check_x, check_xy
 
 
 @pytest.mark.parametrize("x, y, task, match", [
@@ -41,3 +41,22 @@ def test_valid_input_passes_unchanged():
     x, y = torch.randn(5, 2), torch.tensor([0, 1, 1, 0, 2])
     out_x, out_y = check_xy(x, y, task="classification", num_classes=3)
     assert out_x is x and out_y is y
+
+
+@pytest.mark.parametrize("classes, rows, match", [
+    (["0", "0.25", "1"], 40, r"numbers with a fractional part \(0.25\)"),
+    ([0.0, 0.5, 1.5, 2.5, 3.5], 40, r"\(0.5, 1.5, 2.5, ...\)"),
+    ([str(i) for i in range(21)], 40, "21 distinct values in 40 rows"),
+], ids=["text", "floats", "identifier"])
+def test_a_target_that_is_not_class_labels_is_refused(classes, rows, match):
+    with pytest.raises(ValueError, match=match):
+        check_class_labels(classes, rows, name="y")
+
+
+@pytest.mark.parametrize("classes", [["0", "1", "2"], [0.0, 1.0, 2.0], ["cat", "dog"],
+                                     ["a", "0.5"], [str(i) for i in range(20)]],
+                         ids=["integer-text", "integer-floats", "text", "mixed", "half-the-rows"])
+def test_class_labels_pass(classes):
+    """Integers, text (a number among text labels is text too) and up to one class per two
+    rows are labels."""
+    check_class_labels(classes, 40)

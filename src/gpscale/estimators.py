@@ -17,11 +17,17 @@ listing the valid options. Training options default to the method's own
 on a GPU; predictions come back as NumPy arrays either way.
 
 The estimator's own parameters are checked in ``fit``, as scikit-learn does, against
-``_parameter_constraints``: a wrong type or value (``lr="fast"``, ``lr=0``, ``epochs=0``) is
+``_parameter_constraints``: a wrong type or value (``lr="fast"``, ``lr=0``, ``lr`` above
+:data:`~gpscale.training.config.MAX_LR`, ``epochs=0``) is
 scikit-learn's ``InvalidParameterError`` (a ``ValueError`` and a ``TypeError``) naming the
 parameter and what it accepts. ``random_state`` follows scikit-learn: an integer seeds training
 (the default 0, so that two fits agree), ``None`` draws a seed from NumPy's global random state
 (``np.random.seed`` makes that reproducible) and a ``RandomState`` instance draws one from itself.
+On up to :data:`UNTIMED_MAX_ROWS` rows training stops on convergence or at the method's epoch
+cap, never on the clock unless ``max_time`` is given: a fit that a time budget stops depends on the
+machine's speed and load, so only a fit without one is reproduced exactly by a fixed
+``random_state``. On more rows the method's default budget applies, as on the command line, so
+that a large fit ends in bounded time (pass ``max_time`` to choose it).
 
 NaN or inf in X or y is a ``ValueError`` naming the first rows; so is a NaN or inf prediction
 (``predict``, ``predict_proba``): no non-finite number is returned.
@@ -30,6 +36,7 @@ NaN or inf in X or y is a ``ValueError`` naming the first rows; so is a NaN or i
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from numbers import Integral, Real
 from typing import Any
 
@@ -50,12 +57,16 @@ from gpscale.methods.base import module_device
 from gpscale.methods.registry import METHODS, get_spec
 from gpscale.run import plan_text
 from gpscale.training import FitConfig, History, resolve_fit_config
-from gpscale.training.config import DTYPES, OPTIMIZERS, SCHEDULERS
+from gpscale.training.config import DTYPES, MAX_LR, OPTIMIZERS, SCHEDULERS
 from gpscale.training.harness import cast, train_method
 from gpscale.training.probe import inducing_probe
-from gpscale.validation import check_finite_output, check_x, nonfinite_rows
+from gpscale.validation import check_class_labels, check_finite_output, check_x, nonfinite_rows
 
-__all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload"]
+__all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload", "UNTIMED_MAX_ROWS"]
+
+UNTIMED_MAX_ROWS = 20_000
+"""Up to this many training rows an estimator trains without a wall-clock budget unless
+``max_time`` is given (reproducible fits); from there on the method's default budget applies."""
 
 _TRAINING_KEYS = ("optimizer", "lr", "epochs", "batch_size", "max_time", "scheduler", "device")
 
@@ -70,7 +81,7 @@ class _GPEstimator(BaseEstimator):
     _parameter_constraints: dict[str, list[Any]] = {
         "method": [str],
         "epochs": [Interval(Integral, 1, None, closed="left"), None],
-        "lr": [Interval(Real, 0, None, closed="neither"), None],
+        "lr": [Interval(Real, 0, MAX_LR, closed="right"), None],
         "batch_size": [Interval(Integral, 1, None, closed="left"), None],
         "optimizer": [StrOptions(set(OPTIMIZERS)), None],
         "max_time": [Interval(Real, 0, None, closed="neither"), None],
@@ -151,6 +162,8 @@ class _GPEstimator(BaseEstimator):
         config = resolve_fit_config(
             self.method_, x.shape[0], dtype=self.dtype, seed=seed, progress=bool(self.progress),
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
+        if self.max_time is None and x.shape[0] <= UNTIMED_MAX_ROWS:  # module docstring
+            config = replace(config, max_time=None)
         latents = num_classes if (num_classes or 0) > 2 else 1
         logging.getLogger("gpscale.fit").info(plan_text(self.method_, config, options,
                                                         x.shape[0], latents, self._task))
@@ -289,6 +302,7 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
         if len(self.classes_) < 2:
             raise ValueError(f"classification needs at least 2 classes; y has only one class: "
                              f"{self.classes_.tolist()}")
+        check_class_labels(self.classes_, len(codes))  # as gpscale fit --task classification
         self._fit_tensors(torch.tensor(X), torch.tensor(codes, dtype=torch.int64),
                           len(self.classes_))
         return self

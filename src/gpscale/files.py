@@ -24,6 +24,13 @@ by :func:`tempfile.mkstemp` in the target's folder — an unpredictable name, cr
 ``O_EXCL`` (a planted file or symlink is never opened) — and rename it over the target only when
 complete (``os.replace`` replaces a symlink at the target itself, never the file it points to).
 A failed or interrupted write removes its temporary file and leaves the target as it was.
+
+**The reads.** :func:`read_bytes` reads a regular file only
+(:func:`gpscale.regular_files.open_regular`: a named pipe or a device is refused before it is
+read) and reads no further than its header allows: the header length is checked against the
+file's size and :data:`MAX_HEADER_BYTES`, and every tensor's declared dtype, shape and offsets
+against the bytes the file holds, before the tensors are read. Decoding allocates nothing the
+file does not hold: an array stored as items must hold as many items as its shape declares.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import base64
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import struct
 import tempfile
@@ -45,13 +53,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Record", "FormatError", "LegacyFormatError", "encode", "decode", "rebuild",
-           "atomic_write", "atomic_output", "temporary_beside", "is_legacy_pickle"]
+from gpscale.regular_files import open_regular
+
+__all__ = ["Record", "FormatError", "LegacyFormatError", "encode", "decode", "read_bytes",
+           "rebuild", "atomic_write", "atomic_output", "temporary_beside", "is_legacy_pickle",
+           "MAX_HEADER_BYTES"]
 
 KEY = "gpscale"  # the metadata entry holding the JSON document
 MAX_DEPTH = 64  # nesting deeper than this is refused (no payload of ours comes close)
 _NUMERIC_NDARRAY = "biufc"  # NumPy dtype kinds stored as tensors
 _ITEM_NDARRAY = "USO"  # kinds stored as a list of their items (labels: text, objects)
+MAX_HEADER_BYTES = 100_000_000
+"""The longest header read (the safetensors reader refuses longer ones itself)."""
+MAX_PADDED_ITEMS_BYTES = 1 << 20
+"""A text array may declare a wider dtype than its longest item needs only up to this size."""
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "F64": 8,
+                "I64": 8, "U64": 8}  # safetensors' dtype codes and their sizes
 
 
 class FormatError(ValueError):
@@ -77,8 +95,8 @@ def rebuild(value: Any, *types: type) -> Any:
     known = {t.__qualname__: t for t in types}
     if isinstance(value, Record):
         if value.type not in known:
-            raise FormatError(f"holds a {value.type!r} where one of "
-                              f"{', '.join(sorted(known))} was expected")
+            expected = f"one of {', '.join(sorted(known))}" if known else "only plain data"
+            raise FormatError(f"holds a {value.type!r} where {expected} was expected")
         cls = known[value.type]
         names = {f.name for f in dataclasses.fields(cls)}
         if not set(value.fields) <= names:
@@ -183,25 +201,92 @@ def is_legacy_pickle(raw: bytes) -> bool:
     return raw[:4] == b"PK\x03\x04" or (raw[:1] == b"\x80" and raw[1:2] in b"\x02\x03\x04\x05")
 
 
-def _header(raw: bytes) -> dict[str, Any]:
+def _header_length(raw: bytes, size: int) -> int:
+    """The header length in the first 8 bytes of a file of ``size`` bytes, checked."""
     if is_legacy_pickle(raw):
         raise LegacyFormatError("is a pickle (the format of gpscale before 2026-11-28, or a "
                                 "torch.save file)")
-    if len(raw) < 8:
-        raise FormatError(f"is too short ({len(raw)} bytes) to be a gpscale file")
-    (size,) = struct.unpack("<Q", raw[:8])
-    if size < 2 or size > len(raw) - 8:
+    if size < 8:
+        raise FormatError(f"is too short ({size} bytes) to be a gpscale file")
+    (length,) = struct.unpack("<Q", raw[:8])
+    if length < 2 or length > size - 8:
         raise FormatError("is not a gpscale file, or is truncated (its header length "
-                          f"{size} does not fit its {len(raw)} bytes)")
+                          f"{length} does not fit its {size} bytes)")
+    if length > MAX_HEADER_BYTES:
+        raise FormatError(f"is not a gpscale file (its header length {length} is over the "
+                          f"limit of {MAX_HEADER_BYTES} bytes)")
+    return length
+
+
+def _parse_header(text: bytes, body: int) -> dict[str, Any]:
+    """The JSON header, its tensor table checked against the ``body`` bytes after it."""
     try:
-        header = json.loads(raw[8:8 + size].decode("utf-8"))
+        header = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise FormatError("is not a gpscale file, or is damaged (its header is not JSON)") \
             from None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     if not isinstance(meta, dict) or not isinstance(meta.get(KEY), str):
         raise FormatError("is not a gpscale file (no gpscale content in its header)")
+    _check_tensor_table(header, body)
     return header
+
+
+def _check_tensor_table(header: dict[str, Any], body: int) -> None:
+    """Every tensor entry's dtype, shape and offsets fit the ``body`` bytes the file holds,
+    and the entries cover them (as the safetensors reader requires): checked before any
+    tensor is read or allocated."""
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            shape, (begin, stop) = entry["shape"], entry["data_offsets"]
+            if not all(isinstance(v, int) and v >= 0 for v in (*shape, begin, stop)):
+                raise TypeError
+        except (TypeError, KeyError, ValueError):
+            raise FormatError(f"is damaged (its tensor entry {name[:40]!r} is malformed)") \
+                from None
+        size = _DTYPE_BYTES.get(entry.get("dtype"))
+        if not begin <= stop <= body or (size is not None and
+                                         math.prod(shape) * size != stop - begin):
+            raise FormatError(f"is damaged or truncated (its tensor {name[:40]!r} declares "
+                              f"shape {list(shape)[:8]} at bytes {begin}..{stop}; the file "
+                              f"holds {body} bytes of tensors)")
+        end = max(end, stop)
+    if end != body:
+        raise FormatError(f"is damaged or truncated (its header declares {end} bytes of "
+                          f"tensors; the file holds {body})")
+
+
+def _header(raw: bytes) -> dict[str, Any]:
+    length = _header_length(raw, len(raw))
+    return _parse_header(raw[8:8 + length], len(raw) - 8 - length)
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """The bytes of a gpscale data file, read as far as its header allows (module docstring).
+
+    Returns the whole file when it is shorter than a header (:func:`decode` then says so).
+
+    Raises:
+        OSError: the file cannot be opened.
+        gpscale.regular_files.NotRegularFileError: a folder, named pipe, device or socket.
+        LegacyFormatError: a pickle (only its first bytes are read).
+        FormatError: a header that does not fit the file (nothing more is read).
+    """
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        start = f.read(9)
+        if is_legacy_pickle(start):
+            raise LegacyFormatError("is a pickle (the format of gpscale before 2026-11-28, or "
+                                    "a torch.save file)")
+        if len(start) < 9:
+            return start
+        length = _header_length(start, size)
+        text = start[8:] + f.read(length - 1)
+        _parse_header(text, size - 8 - length)
+        return start[:8] + text + f.read(size - 8 - length)
 
 
 def decode(raw: bytes) -> Any:
@@ -287,14 +372,32 @@ def _items(dec: _Decoder, node: dict, depth: int) -> np.ndarray:
     dtype = np.dtype(str(node["dtype"]))
     if dtype.kind not in _ITEM_NDARRAY:
         raise ValueError(f"dtype {dtype} is not stored as items")
-    items = dec(node["$ndarray_items"], depth + 1)
     shape = tuple(int(s) for s in node["shape"])
+    flat: list[Any] = []
+    _flatten(dec(node["$ndarray_items"], depth + 1), shape, flat)  # before any allocation
     if dtype.kind == "O":  # np.array would turn nested lists into more dimensions
-        out = np.empty(shape, dtype=object)
-        flat = np.asarray(items, dtype=object).reshape(-1) if shape else [items]
-        out.reshape(-1)[:] = flat
-        return out
-    return np.array(items, dtype=dtype).reshape(shape)
+        out = np.empty(len(flat), dtype=object)
+        for i, item in enumerate(flat):  # one by one: an item may itself be a list
+            out[i] = item
+        return out.reshape(shape)
+    tight = np.array(flat, dtype=dtype.kind)  # as wide as the longest item needs
+    if dtype.itemsize > tight.dtype.itemsize and \
+            len(flat) * dtype.itemsize > MAX_PADDED_ITEMS_BYTES:
+        raise ValueError(f"dtype {dtype} is wider than its items need ({tight.dtype}) for "
+                         f"{len(flat)} items")
+    return tight.astype(dtype).reshape(shape)
+
+
+def _flatten(items: Any, shape: tuple[int, ...], out: list[Any]) -> None:
+    """Append the items of nested lists of ``shape`` to ``out``; a ValueError unless the lists
+    hold exactly that shape."""
+    if not shape:
+        out.append(items)
+        return
+    if not isinstance(items, list) or len(items) != shape[0]:
+        raise ValueError(f"its items do not fill the declared shape {list(shape)[:8]}")
+    for item in items:
+        _flatten(item, shape[1:], out)
 
 
 _TAGS = {

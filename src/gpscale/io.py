@@ -17,7 +17,12 @@ SHA-256 of its content (:func:`payload_digest`: tensors by dtype, shape and byte
 type and value). :func:`read_file` checks all of them, so an empty, truncated, partly overwritten
 or foreign file is a :class:`~gpscale.errors.SavedFileError` (a ``ValueError``) naming the file
 and the problem, never a model with silently wrong parameters. The digest guards against damage,
-not against a forger (who can recompute it); safety against a forger comes from the format.
+not against a forger (who can recompute it); safety against a forger comes from the format, and
+from :mod:`gpscale.saved_fields`, which checks on load what each field holds (types, shapes, no
+NaN or inf parameters), so that a crafted file is refused by ``load`` with a line naming the file
+and the field rather than failing later in ``predict``. Only regular files are read (a named pipe
+or a device is refused before it is opened), and no further than their header allows
+(:func:`gpscale.files.read_bytes`).
 """
 
 from __future__ import annotations
@@ -34,9 +39,19 @@ import torch
 from torch import Tensor
 
 from gpscale.errors import NumericalError, SavedFileError
-from gpscale.files import FormatError, LegacyFormatError, Record, atomic_write, decode, encode
+from gpscale.files import (
+    FormatError,
+    LegacyFormatError,
+    Record,
+    atomic_write,
+    decode,
+    encode,
+    read_bytes,
+)
 from gpscale.files import rebuild as rebuild_records
 from gpscale.methods.base import Method
+from gpscale.regular_files import NotRegularFileError, read_regular
+from gpscale.saved_fields import FieldError, check_model_fields, check_parameters, check_saved
 
 __all__ = ["save", "load", "load_with_data", "SavedModel", "model_payload", "model_from_payload",
            "payload_digest", "write_file", "read_file", "register_loader", "convert"]
@@ -72,13 +87,21 @@ def model_payload(model: Method, data: tuple[Tensor, Tensor] | None = None,
 
 
 def model_from_payload(payload: dict[str, Any]) -> Method:
+    """The module a :func:`model_payload` describes, its fields and parameters checked.
+
+    Raises:
+        gpscale.saved_fields.FieldError: a field of the wrong type, or a parameter that is
+            NaN or inf.
+    """
     from gpscale.methods.registry import build, get_spec
 
+    check_model_fields(payload)
     options = {**get_spec(payload["key"]).saved_defaults, **payload["options"]}
     model = build(payload["key"], payload["num_dims"], task=payload["task"],
                   num_classes=payload["num_classes"], init=None, **options)
     model.to(getattr(torch, payload["dtype"]))
     model.load_state_dict(payload["state_dict"])
+    check_parameters(model)
     model.eval()
     return model
 
@@ -115,12 +138,13 @@ def load(path: str | Path) -> Any:
     """Load what :func:`save` wrote: the Method or the estimator.
 
     Raises:
-        SavedFileError: the file is empty, truncated, corrupt, not a gpscale model file or
-            holds a model that cannot be rebuilt.
+        SavedFileError: the file is empty, truncated, corrupt, not a gpscale model file,
+            holds a model that cannot be rebuilt or a field that holds what it cannot
+            (:mod:`gpscale.saved_fields`: the message names the field).
     """
     payload = read_file(path, ("method", "estimator"))
     if payload["kind"] == "method":
-        return _rebuild(path, lambda: model_from_payload(payload["model"]))
+        return _saved_model(path, payload).model
     if "estimator" not in _LOADERS:  # registered by gpscale.estimators, which gpscale imports
         raise SavedFileError(path, "holds a fitted estimator; import gpscale.estimators first")
     return _rebuild(path, lambda: _LOADERS["estimator"](payload))
@@ -144,14 +168,27 @@ class SavedModel:
     transform: dict[str, Any] | None
     info: dict[str, Any]
     summary: Any = None
+    path: str | None = None
 
     def state(self) -> Any:
         """The prediction state: from the saved data (``model.posterior``), else from the saved
-        summary (``model.from_summary``), else ``None`` (methods that need neither)."""
-        if self.data is not None:
-            return self.model.posterior(*self.data)
-        if self.summary is not None:
-            return self.model.from_summary(self.summary)
+        summary (``model.from_summary``), else ``None`` (methods that need neither).
+
+        Raises:
+            SavedFileError: the data or summary cannot be conditioned on (names the file).
+        """
+        try:
+            if self.data is not None:
+                return self.model.posterior(*self.data)
+            if self.summary is not None:
+                return self.model.from_summary(self.summary)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except (NumericalError, KeyError, TypeError, AttributeError, IndexError, RuntimeError,
+                ValueError) as err:
+            what = "training data" if self.data is not None else "summary of its training data"
+            raise SavedFileError(self.path or "the saved model", f"its {what} cannot be "
+                                 f"conditioned on: {_one_line(err, 240)}") from None
         return None
 
 
@@ -162,11 +199,18 @@ def load_with_data(path: str | Path) -> SavedModel:
         raise SavedFileError(path, "holds a scikit-learn style estimator saved with "
                              "gpscale.save, not a model written by `gpscale fit`; load it "
                              "with gpscale.load")
+    return _saved_model(path, payload)
+
+
+def _saved_model(path: str | Path, payload: dict[str, Any]) -> SavedModel:
+    """The Method of a ``method`` file with what was stored beside it, every field checked."""
     model = _rebuild(path, lambda: model_from_payload(payload["model"]))
     summary = _rebuild(path, lambda: rebuild_records(payload["model"].get("summary"),
                                                       *model.summary_types))
-    return SavedModel(model, payload["model"].get("data"), payload.get("transform"),
-                      payload.get("info") or {}, summary)
+    data, transform, info = (payload["model"].get("data"), payload.get("transform"),
+                             payload.get("info"))
+    _rebuild(path, lambda: check_saved(model, data, summary, transform, info))
+    return SavedModel(model, data, transform, info or {}, summary, str(path))
 
 
 def _rebuild(path: str | Path, make: Any) -> Any:
@@ -175,6 +219,8 @@ def _rebuild(path: str | Path, make: Any) -> Any:
         return make()
     except NumericalError:
         raise
+    except FieldError as err:
+        raise SavedFileError(path, str(err)) from None
     except (KeyError, TypeError, AttributeError, IndexError, RuntimeError, ValueError) as err:
         raise SavedFileError(path, "holds a model that cannot be rebuilt (written by another "
                              f"gpscale version, or edited?): {_one_line(err)}") from None
@@ -208,18 +254,21 @@ def read_file(path: str | Path, kinds: tuple[str, ...]) -> dict[str, Any]:
         The payload dict (``kind`` says which it is).
 
     Raises:
-        OSError: the file cannot be opened (missing, a directory, no permission).
-        SavedFileError: empty, truncated or corrupt (checksum mismatch), not a gpscale file,
+        OSError: the file cannot be opened (missing, no permission).
+        SavedFileError: not a regular file (a folder, named pipe or device), empty,
+            truncated or corrupt (checksum mismatch), not a gpscale file,
             a newer format version, another kind of file, or a file of the earlier pickled
             formats (the message names ``gpscale convert``).
     """
     path = Path(path)
-    raw = path.read_bytes()
     expected = " or ".join(_WHAT[k] for k in kinds)
-    if not raw:
-        raise SavedFileError(path, f"the file is empty (0 bytes); expected {expected}")
     try:
+        raw = read_bytes(path)
+        if not raw:
+            raise SavedFileError(path, f"the file is empty (0 bytes); expected {expected}")
         payload = decode(raw)
+    except NotRegularFileError as err:
+        raise SavedFileError(path, err.problem) from None
     except LegacyFormatError:
         raise SavedFileError(path, _legacy_message(path)) from None
     except FormatError as err:
@@ -270,11 +319,12 @@ def convert(old: str | Path, new: str | Path, *, trust: bool = False) -> str:
                          "gpscale's records); pass --trust for a file from a source you trust")
     if new.resolve() == old.resolve():
         raise ValueError(f"write the converted file to a new path, not over {old}")
-    raw = old.read_bytes()
     try:
-        payload = decode(raw)
+        payload = decode(read_bytes(old))
+    except NotRegularFileError as err:
+        raise SavedFileError(old, err.problem) from None
     except LegacyFormatError:
-        payload = _unpickle_trusted(old, raw)
+        payload = _unpickle_trusted(old, read_regular(old))
     except FormatError as err:
         raise SavedFileError(old, f"is not a gpscale file ({err})") from None
     if not isinstance(payload, dict):

@@ -19,18 +19,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from gpscale.commit import new_run_id, write_together
 from gpscale.data import Dataset, load_csv, load_dataset
 from gpscale.data.datasets import get_entry
 from gpscale.data.options import check_data_options, check_file_options
 from gpscale.devices import inducing_options, on_cpu_after_oom
 from gpscale.distributions import Predictive
-from gpscale.errors import NonFiniteLossError
+from gpscale.errors import CalibrationWarning, NonFiniteLossError
 from gpscale.files import atomic_write
 from gpscale.io import save
 from gpscale.methods import auto
@@ -39,6 +40,7 @@ from gpscale.methods.base import Method, module_device
 from gpscale.methods.registry import get_spec
 from gpscale.metrics import json_safe
 from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
+from gpscale.training.calibration import coverage_message
 from gpscale.training.harness import cast, train_method
 from gpscale.training.laplace import learning_points
 from gpscale.training.prefit import exact_prefit_wanted
@@ -199,9 +201,11 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
     if config.max_time is not None:
         budget += f" or {config.max_time:g} s"
     batch = "full batch" if config.batch_size is None else f"batches of {config.batch_size:,}"
-    sized = ({} if num_train is None else
-             inducing_options(method, options or {}, config.torch_device, task, num_train))
-    sized = {k: v for k, v in sized.items() if (options or {}).get(k) is None}
+    given = options or {}
+    filled = ({} if num_train is None else
+              inducing_options(method, given, config.torch_device, task, num_train))
+    # the sizes filled in for the device; an option given as none stays none off a GPU
+    sized = {k: v for k, v in filled.items() if v is not None and given.get(k) is None}
     if sized:  # inducing sets sized for a GPU (gpscale.devices)
         batch += ", " + " + ".join(f"{v:,}" for v in sized.values()) + " inducing points"
     flags = ["--batch-size"] * (config.batch_size is not None) + [f"-o {k}" for k in sized]
@@ -284,6 +288,10 @@ def run(spec: RunSpec) -> RunResult:
         "predict_time_s": time.perf_counter() - tic, "stopped": history.stopped,
         "noise": _noise(pred), **choice_time,
     }
+    message = coverage_message(spec.method, metrics.get("test_coverage"), data.num_test,
+                               history.stopped)
+    if message is not None:  # intervals the test rows contradict: said, not only recorded
+        warnings.warn(message, CalibrationWarning, stacklevel=2)
     if spec.out is not None:
         write_outputs(spec, metrics, history, model, data, (x, y), state)
     return RunResult(metrics, history, model, data)
@@ -310,14 +318,14 @@ def _noise(pred: Predictive) -> float | None:
 def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, model: Method,
                   data: Dataset, train: tuple[torch.Tensor, torch.Tensor],
                   state: Any = None) -> None:
-    out = Path(spec.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "metrics.json", (json.dumps(json_safe(metrics), indent=2,
-                                                   allow_nan=False) + "\n").encode())
-    history.to_csv(out / "history.csv")
-    history.to_json(out / "history.json")
+    """Write ``metrics.json``, ``history.csv``, ``history.json`` and ``model.pt`` into
+    ``spec.out`` as one set (:func:`gpscale.commit.write_together`): a reader finds all four of
+    this run or all four of the one before, and ``metrics.json`` and ``model.pt``'s info carry
+    the same ``run_id``."""
+    run_id = new_run_id()
+    text = json.dumps(json_safe({**metrics, "run_id": run_id}), indent=2, allow_nan=False)
     transform = None if data.transform is None else data.transform.to_dict()
-    info = {"spec": asdict(spec), "metrics": metrics, "dataset": data.name,
+    info = {"run_id": run_id, "spec": asdict(spec), "metrics": metrics, "dataset": data.name,
             "task": data.task, "num_classes": data.num_classes,
             "classes": data.info.get("classes"), "num_features": _raw_num_features(data),
             "feature_names": feature_names(data), "target_name": data.info.get("target"),
@@ -328,18 +336,23 @@ def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, mode
     # does not grow with n and it predicts without the training set. The rest keep the data.
     summary = None if state is None else model.summary(state)
     keep_data = model.needs_data_for_prediction and summary is None
-    save(model, out / "model.pt", data=train if keep_data else None, summary=summary,
-         transform=transform, info=info)
-    log.info("wrote %s", out)
+    write_together(spec.out, run_id, {
+        "model.pt": lambda path: save(model, path, data=train if keep_data else None,
+                                      summary=summary, transform=transform, info=info),
+        "metrics.json": lambda path: atomic_write(path, (text + "\n").encode()),
+        "history.csv": history.to_csv,
+        "history.json": history.to_json,
+    })
+    log.info("wrote %s", spec.out)
 
 
 def write_partial(spec: RunSpec, history: History | None) -> None:
+    """Write the histories of a run that failed into ``spec.out``, together; a ``model.pt``
+    and ``metrics.json`` of an earlier run there stay as they were (and stay a pair)."""
     if spec.out is None or history is None:
         return
-    out = Path(spec.out)
-    out.mkdir(parents=True, exist_ok=True)
-    history.to_csv(out / "history.csv")
-    history.to_json(out / "history.json")
+    write_together(spec.out, new_run_id(), {"history.csv": history.to_csv,
+                                            "history.json": history.to_json})
 
 
 def _raw_num_features(data: Dataset) -> int | None:

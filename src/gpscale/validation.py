@@ -3,14 +3,17 @@ check that no NaN or inf prediction leaves an entry point unnoticed."""
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["check_x", "check_xy", "check_num_points", "check_finite_output", "nonfinite_rows",
-           "TASKS"]
+__all__ = ["check_x", "check_xy", "check_class_labels", "check_num_points", "check_finite_output",
+           "nonfinite_rows", "TASKS"]
 
 TASKS = ("regression", "classification", "counts")
 
@@ -67,6 +70,52 @@ def check_xy(x: Tensor, y: Tensor, *, task: str = "regression",
         if bool((yf != yf.round()).any()):
             raise ValueError("count targets must be integers for a Poisson likelihood")
     return x, y
+
+
+_REGRESSION = "fit it as a regression (GPRegressor, --task regression)"
+
+
+def check_class_labels(classes: Sequence[Any], num_rows: int, *, name: str = "y") -> None:
+    """Refuse a target that is not class labels, before one class per distinct value is made.
+
+    Numbers with a fractional part are a continuous target passed as labels (scikit-learn's
+    ``check_classification_targets`` refuses them, and so does ``GPClassifier``). So are more
+    classes than half the rows: most classes would then hold a single row, nothing a classifier
+    can learn from (an identifier column, or a regression target of integers).
+
+    Args:
+        classes: the distinct labels (numbers, or text as read from a file).
+        num_rows: the rows the labels come from.
+        name: what holds the labels, for the message (``"y"``, ``"FILE: the target column 'y'"``).
+
+    Raises:
+        ValueError: naming ``name`` and why; it suggests regression.
+    """
+    values = [_label_number(c) for c in classes]
+    if len(values) > 0 and all(v is not None for v in values):
+        fractional = [c for c, v in zip(classes, values, strict=True)
+                      if v is not None and math.isfinite(v) and not v.is_integer()]
+        if fractional:
+            shown = ", ".join(str(c) for c in fractional[:3]) + ", ..." * (len(fractional) > 3)
+            raise ValueError(f"{name} holds numbers with a fractional part ({shown}): a "
+                             f"continuous target, not class labels; {_REGRESSION}")
+    if len(classes) > num_rows // 2:
+        raise ValueError(f"{name} has {len(classes):,} distinct values in {num_rows:,} rows: "
+                         f"fewer than 2 rows per class, so not class labels; {_REGRESSION}")
+
+
+def _label_number(label: Any) -> float | None:
+    """A label's value when it is a real number (or the text of one), else ``None``."""
+    if isinstance(label, bool | np.bool_):
+        return None
+    if isinstance(label, numbers.Real):
+        return float(label)
+    if isinstance(label, str):
+        try:
+            return float(label)
+        except ValueError:
+            return None
+    return None
 
 
 def check_num_points(n: int, needed: int, what: str) -> None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import multiprocessing as mp
+import signal
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +68,36 @@ def _killed():
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _ignores_sigint(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGINT (Linux: the ``SigIgn`` mask in its status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1],
+               16)
+    return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_the_child_which_ignores_it():
+    """Ctrl-C reaches the whole process group: the measuring child ignores it (no traceback of
+    its own) and the interrupted parent stops it before the ``KeyboardInterrupt`` leaves, so
+    nothing is left for the exit handlers to wait for (where a second Ctrl-C gave a traceback)."""
+    seen = {}
+
+    def ctrl_c(signum, frame):
+        (child,) = mp.active_children()
+        seen["ignores"] = _ignores_sigint(child.pid)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, ctrl_c)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            peak_memory_mb(time.sleep, 120)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert seen["ignores"]
+    assert mp.active_children() == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -4,11 +4,13 @@ error line and no traceback; files compared byte for byte before and after."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -276,3 +278,90 @@ def test_ctrl_c_stops_after_the_step_and_saves_what_was_trained(run, tmp_path):
     assert metrics["stopped"] == "interrupted" and metrics["epochs"] >= 1
     assert json.loads(stdout)["stopped"] == "interrupted"
     gpscale.load(out / "model.pt")
+
+
+@contextlib.contextmanager
+def _released(fifo: Path, seconds: float = 10.0):
+    """A command blocked on ``fifo`` is released (a writer opens and closes it), so that a
+    reader which does block fails the test on its message instead of hanging it."""
+    done = threading.Event()
+
+    def release():
+        deadline = time.monotonic() + seconds
+        while not done.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):  # ENXIO until a reader has it open
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_named_pipe_as_model_or_data_is_one_line_not_a_hang(run, tmp_path, capsys):
+    """Probe finding: a FIFO as --model or --data blocked `gpscale predict` until killed."""
+    _, data, model_path = run
+    fifo_model, fifo_data = tmp_path / "m.pt", tmp_path / "d.csv"
+    os.mkfifo(fifo_model)
+    os.mkfifo(fifo_data)
+    for argv, fifo in (
+            (["predict", "--model", str(fifo_model), "--data", str(data)], fifo_model),
+            (["predict", "--model", str(model_path), "--data", str(fifo_data)], fifo_data),
+            (["convert", str(fifo_model), str(tmp_path / "new.pt"), "--trust"], fifo_model)):
+        with _released(fifo):
+            _fails(capsys, argv, str(fifo), "is a named pipe (FIFO), not a regular file")
+    assert not (tmp_path / "new.pt").exists()
+
+
+def test_a_named_pipe_as_fit_data_is_named_as_one(tmp_path, capsys):
+    """A FIFO as `fit --data` was called "no such file"; the reader now says what it is."""
+    fifo = tmp_path / "d.csv"
+    os.mkfifo(fifo)
+    with _released(fifo):
+        _fails(capsys, ["fit", "--data", str(fifo), "--target", "y", "--out",
+                        str(tmp_path / "out")], str(fifo),
+               "is a named pipe (FIFO), not a regular file")
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="no /dev/null here")
+def test_a_device_as_model_or_data_is_refused_before_it_is_read(run, tmp_path, capsys):
+    """Probe finding: /dev/zero as --model, convert --trust input or --data was read until
+    memory ran out; a device is now refused by its type (/dev/null: it ends at once, so a
+    reader that reads devices fails here rather than filling memory)."""
+    _, data, model_path = run
+    for name in ("dev.pt", "dev.csv"):
+        (tmp_path / name).symlink_to("/dev/null")
+    for argv in (["predict", "--model", str(tmp_path / "dev.pt"), "--data", str(data)],
+                 ["predict", "--model", str(model_path), "--data", str(tmp_path / "dev.csv")],
+                 ["convert", str(tmp_path / "dev.pt"), str(tmp_path / "new.pt"), "--trust"]):
+        _fails(capsys, argv, str(tmp_path / "dev."), "is a character device, not a regular file")
+
+
+def _edited(model_path: Path, out: Path, change) -> Path:
+    payload = gpscale.io.read_file(model_path, ("method",))
+    for key in ("format", "version", "kind", "sha256"):
+        payload.pop(key, None)
+    change(payload)
+    return gpscale.io.write_file(out, "method", payload)
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda p: p["model"]["state_dict"]["likelihood.noise_covar.raw_noise"].fill_(float("nan")),
+     "its parameter 'likelihood.noise_covar.raw_noise' holds NaN or inf"),
+    (lambda p: p["model"].update(data="abc"), "its field 'model.data' holds a str"),
+    (lambda p: p.update(transform=[1, 2]), "its field 'transform' holds a list"),
+    (lambda p: p.update(info="abc"), "its field 'info' holds a str"),
+    (lambda p: p["info"].update(feature_names=5), "its field 'info.feature_names' holds an int"),
+], ids=["nan-parameter", "data", "transform", "info", "feature-names"])
+def test_a_checksum_valid_model_with_a_bad_field_is_one_line_naming_it(run, tmp_path, capsys,
+                                                                       change, field):
+    """Probe finding: such files loaded, then `predict` ended in a traceback (a NaN
+    parameter's NumericalError escaped main)."""
+    _, data, model_path = run
+    bad = _edited(model_path, tmp_path / "bad.pt", change)
+    _fails(capsys, ["predict", "--model", str(bad), "--data", str(data)], str(bad), field)

@@ -11,6 +11,7 @@ import torch
 from gpscale.distributed import all_gather_rows, all_reduce_sum, current, shard_range
 from gpscale.distributed.env import DistEnv
 from gpscale.distributed.reduce import check_replicated, reduce_gradients
+from gpscale.errors import SavedFileError
 from gpscale.methods import build
 from gpscale.methods.baselines import svgp  # noqa: F401  (registers svgp)
 from gpscale.methods.cagp import sharded as dcagp
@@ -260,3 +261,20 @@ def bad_input_job(rank_to_fail: int) -> int:
 def object_job() -> object:
     """A result that is not plain data (a result file holds data only)."""
     return Exception("not data")
+
+
+def resume_job(checkpoint: str, n: int) -> dict:
+    """Resume ``checkpoint`` (written by one process on ``data(n)``) on the ranks: first on
+    other data of the same shape, then on its own data with more epochs. What each did: the
+    epochs of its history, or the error's message."""
+    config = FitConfig(lr=0.05, epochs=4, progress=False, checkpoint=checkpoint)
+    out = {}
+    for name, seed in (("other", 1), ("same", 0)):
+        x, y, _ = data(n, seed=seed)
+        model = svgp_model(x, y)
+        _, x, y = _shard(n, x, y)
+        try:
+            out[name] = fit(model, None, (x, y), config, parallel=DataParallel(n)).column("epoch")
+        except SavedFileError as err:  # every rank refuses: the check is on the global data
+            out[name] = str(err)
+    return out

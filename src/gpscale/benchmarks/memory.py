@@ -13,7 +13,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue as queue_module
 import resource
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -71,22 +73,48 @@ def peak_memory_mb(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[f
     ``fn`` must be a module-level function and its arguments and result picklable. The figure is
     the growth of the peak resident set over the RSS the process had just before the call, so it
     includes everything ``fn`` allocated (inputs it creates, temporaries, outputs).
+
+    Ctrl-C in a terminal reaches the child too; the child ignores it (it would print a traceback
+    of its own) and this process, interrupted, stops the child before the ``KeyboardInterrupt``
+    leaves, so nothing is left to wait for at exit.
     """
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(fn, args, kwargs, queue))
-    proc.start()
+    _start_ignoring_sigint(proc)
+    try:
+        status, mb, result = _answer(fn, proc, queue)
+    finally:
+        if proc.is_alive():  # interrupted, or an error here: the measurement is abandoned
+            proc.terminate()
+        proc.join()
+    if status != "ok":
+        raise RuntimeError(f"memory measurement of {getattr(fn, '__name__', fn)} failed: {result}")
+    return mb, result
+
+
+def _start_ignoring_sigint(proc: Any) -> None:
+    """Start ``proc`` with SIGINT ignored (a fresh interpreter keeps an ignored SIGINT ignored
+    and installs no ``KeyboardInterrupt``); this process's handler is put back at once."""
+    if threading.current_thread() is not threading.main_thread():
+        proc.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _answer(fn: Callable[..., Any], proc: Any, queue: Any) -> tuple[str, float, Any]:
+    """The child's (status, MB, result or error text); a child that died without one is a
+    ``RuntimeError``."""
     while True:  # a child killed outright (e.g. by the OOM killer) never answers: do not hang
         try:
-            status, mb, result = queue.get(timeout=2.0)
-            break
+            return queue.get(timeout=2.0)
         except queue_module.Empty:
             if not proc.is_alive() and queue.empty():
                 raise RuntimeError(
                     f"memory measurement of {getattr(fn, '__name__', fn)} failed: its process "
                     f"died with exit code {proc.exitcode} (a negative code is the signal, "
                     "e.g. -9 when killed for memory)") from None
-    proc.join()
-    if status != "ok":
-        raise RuntimeError(f"memory measurement of {getattr(fn, '__name__', fn)} failed: {result}")
-    return mb, result

@@ -4,12 +4,15 @@
 harness (rank 0's parameters are broadcast), keeps only its shard of the training set, trains
 with the :class:`~gpscale.training.parallel.DataParallel` hook, predicts the test set in shards,
 and rank 0 writes ``metrics.json``, ``history.csv/json`` and ``model.pt`` exactly as
-``gpscale fit`` does (:mod:`gpscale.run`).
+``gpscale fit`` does (:mod:`gpscale.run`). With ``--checkpoint`` every rank checks the checkpoint
+against the run as one process does (``training.fit``: the same settings and the same training
+data, whose probe rows the ranks gather from their shards), and rank 0 says where it resumed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -36,6 +39,7 @@ from gpscale.run import (
     RunSpec,
     fit_config,
     load_data,
+    plan_text,
     resolve_auto,
     write_outputs,
     write_partial,
@@ -87,6 +91,10 @@ def run_rank(spec: RunSpec, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     spec = resolve_auto(spec, data)
     config, dtype = fit_config(spec, data.num_train)
     n = data.num_train
+    if env.is_main:  # the plan line of a one-process run (the ranks log as gpscale fit does)
+        latents = data.num_classes if (data.num_classes or 0) > 2 else 1
+        logging.getLogger("gpscale.fit").info(plan_text(spec.method, config, spec.options, n,
+                                                        latents, data.task))
     x_full, y_full = cast((data.x_train, data.y_train), config, data.task)
     x_test = data.x_test.to(dtype)
     model, setup_time = build_method(spec.method, (x_full, y_full), task=data.task,

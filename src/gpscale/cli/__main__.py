@@ -2,10 +2,14 @@
 
 This module only parses flags into dataclasses and calls the layers below; it is also the one
 place that reads environment variables (``GPSCALE_DATA`` is read by ``gpscale.data.search_path``,
-``GPSCALE_THREADS`` and ``GPSCALE_DIST_TIMEOUT`` here, each checked with its name). Where the
+``GPSCALE_THREADS`` and ``GPSCALE_DIST_TIMEOUT`` here, each checked with its name by
+:mod:`gpscale.cli.checks`, which also bounds the flag values argparse's types do not). Where the
 commands may write is checked first (:mod:`gpscale.cli.outputs`). Ctrl-C during ``fit`` stops
 after the current training step, saves what was trained with ``stopped: interrupted`` and exits
-130; a second Ctrl-C, or one in any other command, exits 130 at once with one line.
+130 (SIGTERM the same, exiting 143); a second Ctrl-C, or one in any other command or while the
+command starts (importing torch takes seconds), exits 130 at once with one line. So that a
+Ctrl-C at start-up is caught, this module imports torch and the package's layers only inside
+:func:`main`.
 """
 
 from __future__ import annotations
@@ -15,15 +19,14 @@ import contextlib
 import itertools
 import json
 import logging
-import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import torch
 
 __all__ = ["main", "build_parser"]
 
@@ -50,6 +53,8 @@ def _data_option(text: str) -> tuple[str, Any]:
 
 
 def _add_fit_flags(p: argparse.ArgumentParser) -> None:
+    from gpscale.training.config import MAX_LR
+
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="dataset name (see `gpscale datasets`)")
     src.add_argument("--data", help="a CSV file of your own (with --target)")
@@ -62,7 +67,8 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
                    "and memory, with the reason printed (README: which method when)")
     method_default = "default: the method's (see `gpscale methods KEY`)"
     p.add_argument("--epochs", type=int, help=f"most training epochs; {method_default}")
-    p.add_argument("--lr", type=float, help=f"initial learning rate; {method_default}")
+    p.add_argument("--lr", type=float,
+                   help=f"initial learning rate, in (0, {MAX_LR:g}]; {method_default}")
     p.add_argument("--batch-size", type=int,
                    help=f"minibatch size (a size ≥ n trains full batch); {method_default}")
     p.add_argument("--optimizer", choices=["adam", "lbfgs"], help=method_default)
@@ -85,13 +91,17 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
                    help="cpu (default), cuda, cuda:N, or auto (CUDA when torch sees a GPU); "
                    "the saved model.pt loads on the CPU")
     p.add_argument("--split", type=int, default=0,
-                   help="which train/test split of the dataset (default 0)")
+                   help="which train/test split of the dataset (default 0); with --data the "
+                   "seed of its random split")
     p.add_argument("--seed", type=int, default=0,
-                   help="seeds initialisation and minibatch order (default 0)")
+                   help="seeds initialisation and minibatch order: an integer in 0..2**63-1 "
+                   "(default 0)")
     p.add_argument("--out", default="runs/fit", help="output folder (default runs/fit); one "
-                   "that holds a model.pt already is refused unless --overwrite")
+                   "that holds a model.pt already, or a metrics.json or history file that "
+                   "gpscale fit did not write, is refused unless --overwrite")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the model.pt (and metrics) of an earlier run in --out")
+                   help="replace the model.pt of an earlier run in --out, and files there of "
+                   "the names fit writes that fit did not write")
     p.add_argument("--checkpoint", metavar="FILE",
                    help="checkpoint file written every epoch; a killed run resumes from it "
                    "(default: none)")
@@ -162,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "SoftKI-512,SVGP-512 (suites with labelled runs: softki; "
                        "iterncgp's MNIST runs; scale: method keys)")
     bench.add_argument("--max-time", type=float, help="training seconds per run instead of "
-                       "the method's default budget (suite scale)")
+                       "the method's default budget (suites scale, calibration)")
     bench.add_argument("--device", help="cuda or cuda:N: measure on that GPU (suites kernels "
                        "and scale; default the CPU)")
 
@@ -186,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--lengthscale", type=float, default=0.5,
                      help="the field's RBF lengthscale (default 0.5)")
     syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
     meth = add("methods", help="list method keys, or one method's options")
     meth.add_argument("key", nargs="?", help="a method key: list its options (types, defaults, "
@@ -193,28 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _env_number(name: str, default: Any, kind: type = int) -> Any:
-    """Environment variable ``name`` as a positive ``kind``; ``ValueError`` naming it."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or not value > 0 or (kind is float and not math.isfinite(value)):
-        what = "an integer ≥ 1" if kind is int else "a positive number of seconds"
-        raise ValueError(f"environment variable {name} must be {what}; got {raw!r}")
-    return value
-
-
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from gpscale.cli.outputs import claim_fit_outputs
+    from gpscale.cli.checks import check_fit_flags, env_number
+    from gpscale.cli.outputs import claim_fit_outputs, expand_user
     from gpscale.distributed.env import DEFAULT_TIMEOUT, DistributedError
     from gpscale.methods.registry import get_spec
     from gpscale.run import RunSpec
-    from gpscale.training.interrupt import graceful_interrupt, requested
+    from gpscale.training.interrupt import graceful_interrupt, received
 
+    check_fit_flags(args)
     if args.data is not None and args.method != "auto":
         tasks = get_spec(args.method).tasks  # --task defaults to regression for --data
         if args.task not in tasks:
@@ -228,17 +226,18 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, optimizer=args.optimizer, max_time=args.max_time,
         scheduler=args.scheduler, preset=args.preset, eval_every=args.eval_every,
         dtype=args.dtype, device=args.device,
-        options=dict(args.option), dataset_options=dict(args.data_option), out=args.out,
+        options=dict(args.option), dataset_options=dict(args.data_option),
+        out=None if args.out is None else str(expand_user(args.out, "--out")),
         checkpoint=args.checkpoint, progress=False if args.no_progress else None)
     # The training plan (budget, schedule, stopping rule) is shown even without --verbose.
     logging.getLogger("gpscale.fit").setLevel(logging.INFO)
-    world_size = _env_number("WORLD_SIZE", 1)  # set by torchrun
-    timeout = _env_number("GPSCALE_DIST_TIMEOUT", DEFAULT_TIMEOUT, float)
+    world_size = env_number("WORLD_SIZE", 1)  # set by torchrun
+    timeout = env_number("GPSCALE_DIST_TIMEOUT", DEFAULT_TIMEOUT, float)
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1; got {args.nproc}")
     if args.nproc > 1 and world_size > 1:
         raise ValueError("--nproc starts local processes itself; under torchrun leave it out")
-    if args.data is not None and not Path(args.data).is_file():
+    if args.data is not None and not Path(args.data).exists():  # the reader names a pipe
         raise ValueError(f"--data {args.data}: no such file")
     main_rank = world_size == 1 or os.environ.get("RANK", "0") == "0"
     claim = (claim_fit_outputs(args.out, overwrite=args.overwrite, checkpoint=args.checkpoint,
@@ -248,13 +247,13 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     graceful = graceful_interrupt() if args.nproc == 1 else contextlib.nullcontext()
     with claim as earlier, graceful:
         try:
-            metrics = _fit_metrics(spec, args.nproc, world_size, timeout)
+            metrics = _fit_metrics(spec, args.nproc, world_size, timeout, args.threads)
         except DistributedError as err:
             if isinstance(err, ValueError):  # the same bad input on every rank: one line
                 raise
             print(f"gpscale fit: data-parallel run failed: {err}", file=sys.stderr)
             return 4
-        interrupted = requested()
+        interrupted = received()  # "Ctrl-C", "SIGTERM" or None
     if metrics is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     from gpscale.metrics import json_safe
@@ -262,18 +261,19 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     print(json.dumps(json_safe(metrics), indent=2, allow_nan=False))
     wrote = f"{args.out}/metrics.json, history.csv and model.pt"
     if interrupted:
-        print(f"gpscale fit: interrupted (Ctrl-C) after epoch {metrics.get('epochs')}; wrote "
+        what = "interrupted (Ctrl-C)" if interrupted == "Ctrl-C" else "terminated (SIGTERM)"
+        print(f"gpscale fit: {what} after epoch {metrics.get('epochs')}; wrote "
               f"{wrote} (stopped: {metrics.get('stopped')})"
               + (f" and the checkpoint {args.checkpoint}" if args.checkpoint else ""),
               file=sys.stderr)
-        return 130
+        return _EXIT_CODES[interrupted]
     print(f"wrote {wrote}" + (" (replacing the earlier model.pt)" if earlier else ""),
           file=sys.stderr)
     return 0
 
 
-def _fit_metrics(spec: Any, nproc: int, world_size: int, timeout: float
-                 ) -> dict[str, Any] | None:
+def _fit_metrics(spec: Any, nproc: int, world_size: int, timeout: float,
+                 threads: int | None = None) -> dict[str, Any] | None:
     """Run ``spec`` in this process, in ``nproc`` local processes or as a torchrun rank;
     the metrics (``None`` on a torchrun rank other than 0)."""
     from gpscale.run import run
@@ -282,7 +282,6 @@ def _fit_metrics(spec: Any, nproc: int, world_size: int, timeout: float
         from gpscale.benchmarks.rank import run_rank
         from gpscale.distributed.launch import launch
 
-        threads = _env_number("GPSCALE_THREADS", None)
         return launch(run_rank, (spec, timeout), nproc=nproc, timeout=timeout,
                       threads=threads)[0]
     if world_size > 1:
@@ -349,10 +348,12 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     from gpscale.data import download, list_datasets
 
     if args.action == "synthesize":
+        from gpscale.cli.outputs import check_synthesize_out
         from gpscale.data.writers import write_field
 
+        out = check_synthesize_out(args.out, overwrite=args.overwrite)
         tic = time.perf_counter()
-        table = write_field(args.out, args.rows, num_dims=args.dims, noise=args.noise,
+        table = write_field(out, args.rows, num_dims=args.dims, noise=args.noise,
                             lengthscale=args.lengthscale, seed=args.seed)
         print(f"wrote {table.num_rows:,d} rows x {table.num_dims + 1} columns to {table.path} "
               f"in {time.perf_counter() - tic:.1f} s; std(y) {table.y_var ** 0.5:.4f}, noise "
@@ -416,27 +417,47 @@ COMMANDS = {"fit": _cmd_fit, "predict": _cmd_predict, "convert": _cmd_convert,
             "datasets": _cmd_datasets, "methods": _cmd_methods, "demo": _cmd_demo}
 
 
+_EXIT_CODES = {"Ctrl-C": 130, "SIGTERM": 143}  # 128 + the signal's number, as a shell reports
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``gpscale`` command on ``argv`` (default ``sys.argv[1:]``); its exit code."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a command runs: parsing, importing torch
+        print("gpscale: interrupted (Ctrl-C) while starting; nothing was written",
+              file=sys.stderr)
+        _exit_on_another_interrupt(argv, 130)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     try:
-        threads = _env_number("GPSCALE_THREADS", None)
-        if threads:
-            torch.set_num_threads(threads)
+        import torch
+
+        from gpscale.cli.checks import env_threads
+
+        args.threads = env_threads()
+        if args.threads:
+            torch.set_num_threads(args.threads)
         return COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        print(f"gpscale {args.command}: interrupted (Ctrl-C); stopped without writing more",
+    except KeyboardInterrupt as err:
+        what = str(err) or "Ctrl-C"  # a second SIGTERM during fit names itself
+        print(f"gpscale {args.command}: interrupted ({what}); stopped without writing more",
               file=sys.stderr)
-        return 130
+        _exit_on_another_interrupt(argv, _EXIT_CODES.get(what, 130))
+        return _EXIT_CODES.get(what, 130)
     except (ValueError, OSError) as err:
         print(f"gpscale {args.command}: error: {err}", file=sys.stderr)
         return 2
     except FloatingPointError as err:  # NonFiniteLossError
         print(f"gpscale {args.command}: training stopped: {err}", file=sys.stderr)
         return 3
-    except (MemoryError, torch.cuda.OutOfMemoryError) as err:  # DeviceMemoryError, or torch's
+    except _out_of_memory_errors() as err:  # DeviceMemoryError, or torch's
         from gpscale.devices import out_of_memory
         from gpscale.errors import DeviceMemoryError
 
@@ -444,6 +465,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             err = out_of_memory(err, f"gpscale {args.command}", None)
         print(f"gpscale {args.command}: error: {err}", file=sys.stderr)
         return 4
+
+
+def _out_of_memory_errors() -> tuple[type[BaseException], ...]:
+    import torch
+
+    return MemoryError, torch.cuda.OutOfMemoryError
+
+
+def _exit_on_another_interrupt(argv: Sequence[str] | None, code: int) -> None:
+    """After an interrupt is reported, a further Ctrl-C while the process shuts down (exit
+    handlers joining child processes) ends it at once, silently and with the same code, instead
+    of a traceback from an exit handler. Only when this process is the command (``argv`` not
+    given): a caller of :func:`main` in its own process keeps its handler."""
+    if argv is None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(code))
 
 
 if __name__ == "__main__":

@@ -9,26 +9,38 @@ into place). The rules:
 - ``--out`` of ``predict`` must not be one of its inputs (``--data``, ``--model``), a folder, or
   something other than a regular file (``/dev/stdout``, a pipe): leave ``--out`` out to write to
   standard output. A symlink at ``--out`` is followed: the file it names is replaced.
-- ``--out`` of ``fit`` is a folder; a ``model.pt`` already there is kept unless ``--overwrite``;
-  it must be writable; and while a run writes there it holds a lock on it, so a second run on
-  the same folder is refused rather than mixed with the first. The same lock guards
-  ``--checkpoint``.
+- ``--out`` of ``fit`` is a folder; a ``model.pt`` already there is kept unless ``--overwrite``,
+  and so is a ``metrics.json``, ``history.csv`` or ``history.json`` that ``gpscale fit`` did not
+  write (the histories of an earlier run that failed are replaced); it must be writable; and
+  while a run writes there it holds a lock on it, so a second run on the same folder is refused
+  rather than mixed with the first. The same lock guards ``--checkpoint``. Holding the folder,
+  the run first completes or removes what a killed run left there (:func:`gpscale.commit.recover`).
+- ``gpscale predict`` of a fit's ``model.pt`` first completes the outputs a killed fit left
+  half made current, and refuses a ``model.pt`` whose ``metrics.json`` beside it is another
+  run's (:func:`settle_fit_outputs`, :func:`check_same_run`).
+- ``--out`` of ``datasets synthesize`` is a file; an existing one is kept unless ``--overwrite``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-__all__ = ["FIT_FILES", "check_predict_out", "claim_fit_outputs", "expand_user"]
+from gpscale.commit import OUTPUT_NAMES, metrics_run_id, pending, recover, written_by_gpscale
 
-FIT_FILES = ("model.pt", "metrics.json", "history.csv", "history.json")
+__all__ = ["FIT_FILES", "check_predict_out", "check_same_run", "check_synthesize_out",
+           "claim_fit_outputs", "expand_user", "settle_fit_outputs"]
+
+FIT_FILES = OUTPUT_NAMES
 """What ``gpscale fit`` writes into ``--out``."""
 LOCK_NAME = ".gpscale-fit.lock"
+log = logging.getLogger("gpscale.fit")
 
 
 def expand_user(path: str, flag: str) -> Path:
@@ -167,8 +179,88 @@ def claim_fit_outputs(out: str, *, overwrite: bool, inputs: dict[str, str | None
             _check_writable(ckpt.parent, "--checkpoint", checkpoint)
             stack.enter_context(_locked(ckpt.parent, f".{ckpt.name}.lock",
                                         f"the checkpoint {ckpt}"))
-        earlier = (folder / "model.pt").exists()
-        if earlier and not overwrite:
-            raise ValueError(f"--out {out} already holds a model.pt from an earlier run; pass "
+        for run_id in recover(folder):
+            log.warning("completed the outputs of an interrupted gpscale fit in %s (run %s)",
+                        folder, run_id)
+        _check_replaceable(folder, out, overwrite)
+        yield (folder / "model.pt").exists()
+
+
+def _check_replaceable(folder: Path, out: str, overwrite: bool) -> None:
+    """Refuse (ValueError) to replace what ``overwrite`` does not allow: a folder or other
+    non-file at an output's name always, a ``model.pt``, or a file gpscale fit did not
+    write, without ``overwrite``."""
+    for name in FIT_FILES:
+        path = folder / name
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise ValueError(f"--out {out}: {path} is {_kind(mode)}; remove it or choose "
+                             "another --out")
+    if overwrite:
+        return
+    if os.path.lexists(folder / "model.pt"):
+        raise ValueError(f"--out {out} already holds a model.pt from an earlier run; pass "
+                         "--overwrite to replace it, or choose another --out")
+    for name in FIT_FILES:
+        path = folder / name
+        if os.path.lexists(path) and not written_by_gpscale(folder, name):
+            raise ValueError(f"--out {out} holds {path}, which gpscale fit did not write; pass "
                              "--overwrite to replace it, or choose another --out")
-        yield earlier
+
+
+def settle_fit_outputs(model: str | Path) -> None:
+    """Before ``gpscale predict`` reads a fit's ``model.pt``: complete the outputs that a
+    killed fit left half made current in its folder (the staged set was complete, so the
+    folder then holds that run's files only).
+
+    Raises:
+        ValueError: a fit holds the folder (it is making its outputs current right now), or
+            the folder cannot be locked.
+    """
+    path = Path(model)
+    folder = path.parent
+    if path.name != "model.pt" or not pending(folder):
+        return
+    with _locked(folder, LOCK_NAME, f"to {folder}"):
+        completed = recover(folder, discard=False)
+    for run_id in completed:
+        log.warning("completed the outputs of an interrupted gpscale fit in %s (run %s)",
+                    folder, run_id)
+
+
+def check_same_run(model: str | Path, info: Any) -> None:
+    """Refuse (ValueError) a fit's ``model.pt`` whose ``metrics.json`` beside it belongs to
+    another run, so that predictions are never taken for those of the run the metrics
+    describe. Models named otherwise, and folders whose ``metrics.json`` carries no run id
+    (not written by gpscale fit, or before runs had ids), are not checked."""
+    path = Path(model)
+    if path.name != "model.pt":
+        return
+    theirs = metrics_run_id(path.parent)
+    ours = info.get("run_id") if isinstance(info, dict) else None
+    if theirs is None or ours == theirs:
+        return
+    if pending(path.parent):
+        raise ValueError(f"--model {model}: a gpscale fit is making its outputs current in "
+                         f"{path.parent} right now; run predict again once it has finished")
+    raise ValueError(f"--model {model} and the metrics.json beside it come from different "
+                     f"gpscale fit runs ({ours or 'no run id'} and {theirs}); refit into this "
+                     "folder, or move one of the two away")
+
+
+def check_synthesize_out(out: str, *, overwrite: bool) -> Path:
+    """``datasets synthesize --out`` as a path to write; ``ValueError`` where it is not a
+    writable file path, or an existing file and ``overwrite`` is off."""
+    path = expand_user(out, "--out")
+    if os.path.lexists(path):
+        if path.exists() and not path.is_file():
+            raise ValueError(f"--out {out} is {_kind(path.stat().st_mode)}, not a file; give "
+                             "a file path")
+        if not overwrite:
+            raise ValueError(f"--out {out} exists; pass --overwrite to replace it, or choose "
+                             "another file")
+    _check_writable(path.parent, "--out", out)
+    return path

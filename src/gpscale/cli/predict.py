@@ -37,6 +37,7 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
+from gpscale.cli.outputs import check_same_run, settle_fit_outputs
 from gpscale.data.csv import Table, numeric_columns, read_table
 from gpscale.data.transforms import Standardizer
 from gpscale.io import load_with_data
@@ -209,8 +210,14 @@ def predict_csv_chunks(model_path: str | Path, csv_path: str | Path, target: str
                        chunk_rows: int = CHUNK_ROWS) -> Iterator[PredictionTable]:
     """:func:`predict_csv` as tables of at most ``chunk_rows`` rows, in order: the model's
     predictive of one chunk at a time, so memory beyond the input rows does not grow with
-    their number (``gpscale predict`` writes each chunk as it comes)."""
+    their number (``gpscale predict`` writes each chunk as it comes).
+
+    A ``model.pt`` in the output folder of ``gpscale fit`` is read as one of that fit's set
+    (:mod:`gpscale.cli.outputs`): outputs a killed fit left half made current are completed
+    first, and a ``metrics.json`` beside it that belongs to another run is refused."""
+    settle_fit_outputs(model_path)
     saved = load_with_data(model_path)
+    check_same_run(model_path, saved.info)
     info = saved.info
     transform = None if saved.transform is None else Standardizer.from_dict(saved.transform)
     expected = info.get("num_features") or (transform.num_input_dims if transform is not None

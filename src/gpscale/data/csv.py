@@ -44,6 +44,8 @@ from gpscale.data.datasets import TASKS, Dataset, standardized_dataset
 from gpscale.data.lines import _NAMES, Table, check_header, read_lines, target_index
 from gpscale.data.readers import file_format, read_npy, read_parquet
 from gpscale.data.splits import random_split
+from gpscale.regular_files import check_regular
+from gpscale.validation import check_class_labels
 
 __all__ = ["load_csv", "load_table", "read_table", "Table", "numeric_columns"]
 
@@ -64,7 +66,8 @@ def read_table(path: str | Path, *, delimiter: str | None = None,
 
     Raises:
         OSError: the file cannot be opened.
-        ValueError: an unknown file type; a text file that is not UTF-8 or not gzip, has no
+        ValueError: an unknown file type; not a regular file (a folder, named pipe or
+            device); a text file that is not UTF-8 or not gzip, has no
             rows, no data rows, rows of different widths, duplicate header names, or a delimiter
             that does not split it; a corrupt, empty or non-2-D Parquet or ``.npy`` file.
     """
@@ -75,6 +78,7 @@ def _read(path: Path, delimiter: str | None, header: str | int | None,
           target: str | int | None = None, labels: bool = False) -> Table:
     check_header(header)
     kind = file_format(path)
+    check_regular(path)  # a named pipe or a device is refused before it is opened
     if kind != "csv":
         if delimiter is not None:
             raise ValueError(f"{path}: a delimiter applies to text files only, not to {kind} "
@@ -160,6 +164,8 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
     labels = names or [str(j) for j in range(width)]
     x = table.numeric(path, inputs)
     y, classes = table.targets(path, col, task)
+    if classes is not None:  # a continuous target is not one class per distinct value
+        check_class_labels(classes, num_rows, name=f"{path}: the target column {labels[col]!r}")
     del table  # the file's columns: x and y hold what is needed
     if task == "regression":
         _warn_if_labels(path, labels[col], y)

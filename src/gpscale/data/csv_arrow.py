@@ -19,6 +19,7 @@ a file of millions of rows an error message costs what loading it did before pya
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import logging
 import re
@@ -50,6 +51,7 @@ from gpscale.data.readers import (
     _first_line,
     _string_codes,
 )
+from gpscale.regular_files import open_regular
 
 __all__ = ["ArrowCsvTable", "read_csv_columns"]
 
@@ -162,15 +164,17 @@ class _Head:
 def _inspect(path: Path, delimiter: str | None,
              header: str | int | None) -> tuple[_Head | None, str]:
     """The head of the file, or ``None`` and why pyarrow should not read it."""
-    with path.open("rb") as f:
-        first = f.read(2)
-    gz = is_gzip(path, first)
-    try:
-        with (gzip.open(path, "rb") if gz else path.open("rb")) as f:
-            raw = f.read(HEAD_BYTES)
-            whole = not f.read(1)
-    except (OSError, EOFError, zlib.error) as err:
-        return None, f"unreadable ({_first_line(err)})"
+    with open_regular(path) as file:  # a named pipe or a device is refused, not read
+        first = file.read(2)
+        file.seek(0)
+        gz = is_gzip(path, first)
+        try:
+            with gzip.GzipFile(fileobj=file, mode="rb") if gz else contextlib.nullcontext(
+                    file) as f:
+                raw = f.read(HEAD_BYTES)
+                whole = not f.read(1)
+        except (OSError, EOFError, zlib.error) as err:
+            return None, f"unreadable ({_first_line(err)})"
     try:
         text = codecs.getincrementaldecoder("utf-8-sig")().decode(raw, final=whole)
     except UnicodeDecodeError:
@@ -353,6 +357,7 @@ def read_csv_columns(path: str | Path, *, delimiter: str | None = None,
 
     Raises:
         OSError: the file cannot be opened.
+        ValueError: not a regular file (a folder, named pipe or device).
     """
     path = Path(path)
     head, why = _inspect(path, delimiter, header)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from gpscale.data.head import decide_header, decimal_comma, decimal_comma_message, is_number
+from gpscale.regular_files import read_regular
 
 __all__ = ["Table", "canonical_labels", "read_lines", "sort_labels", "target_index"]
 
@@ -201,7 +202,8 @@ def read_lines(path: str | Path, *, delimiter: str | None = None,
 
     Raises:
         OSError: the file cannot be opened.
-        ValueError: not UTF-8 text or not gzip, no rows, no data rows, rows of different
+        ValueError: not a regular file (a folder, named pipe or device), not UTF-8 text or
+            not gzip, no rows, no data rows, rows of different
             widths, duplicate header names, a delimiter that does not split the file, or
             decimal commas.
     """
@@ -247,7 +249,7 @@ def is_gzip(path: Path, first: bytes) -> bool:
 
 
 def _read_text(path: Path) -> str:
-    raw = path.read_bytes()
+    raw = read_regular(path)  # a named pipe or a device is refused, not read
     if is_gzip(path, raw):
         try:
             raw = gzip.decompress(raw)

@@ -17,6 +17,7 @@ names are ``x0..x{d-1}``) and is memory-mapped: only the columns asked for are c
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
+from numpy.lib import format as npy_format
 
 from gpscale.data.lines import (
     Table,
@@ -34,6 +36,7 @@ from gpscale.data.lines import (
     check_names,
     sort_labels,
 )
+from gpscale.regular_files import check_regular, open_regular
 
 __all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "NPY_SUFFIXES", "NpyTable", "ParquetTable",
            "file_format", "read_npy", "read_parquet"]
@@ -316,9 +319,12 @@ def _string_codes(column: pa.ChunkedArray, *,
 
 # -- Parquet and .npy -----------------------------------------------------------------------------
 
-def _check_size(path: Path) -> None:
-    if path.stat().st_size == 0:
+def _check_size(path: Path) -> int:
+    """The size of ``path``, a regular file that is not empty."""
+    size = check_regular(path).st_size  # a named pipe or a device is refused, not opened
+    if size == 0:
         raise ValueError(f"{path} is empty (0 bytes)")
+    return size
 
 
 def read_parquet(path: str | Path) -> ParquetTable:
@@ -326,7 +332,8 @@ def read_parquet(path: str | Path) -> ParquetTable:
 
     Raises:
         OSError: the file cannot be opened.
-        ValueError: empty, not Parquet (corrupt; a damaged column is found when it is read,
+        ValueError: not a regular file (a folder, named pipe or device), empty, not Parquet
+            (corrupt; a damaged column is found when it is read,
             and damage inside a data page only if the writer stored page checksums),
             duplicate column names, or no rows.
     """
@@ -351,29 +358,74 @@ def read_parquet(path: str | Path) -> ParquetTable:
 def read_npy(path: str | Path) -> NpyTable:
     """A ``.npy`` file as a memory-mapped :class:`NpyTable` (no header).
 
+    The header is read and checked first (:func:`_npy_header`), so that nothing is mapped or
+    allocated for a file that is not a ``.npy`` array of numbers of the size it declares.
+
     Raises:
         OSError: the file cannot be opened.
-        ValueError: empty, not a ``.npy`` file (corrupt, truncated, pickled objects), not 2-D,
-            not numbers, or no rows.
+        ValueError: not a regular file (a folder, named pipe or device), empty, not a ``.npy``
+            file (text, an ``.npz`` archive, corrupt), truncated, Python objects, not 2-D, not
+            numbers, or no rows.
     """
     path = Path(path)
-    _check_size(path)
+    shape, dtype = _npy_header(path, _check_size(path))
+    if len(shape) != 2:
+        raise ValueError(f"{path}: a .npy file must hold a 2-D array (rows, columns); this one "
+                         f"has shape {shape}")
+    if dtype.kind not in "biuf":
+        raise ValueError(f"{path} holds {dtype} values; gpscale reads .npy arrays of "
+                         "numbers (float, int or bool)")
+    if shape[0] == 0:
+        raise ValueError(f"{path} has no data rows")
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise
     except (ValueError, OSError, EOFError) as err:
         raise ValueError(f"{path} is not a readable .npy file ({_first_line(err)})") from None
-    if not isinstance(array, np.ndarray):  # an .npz archive
-        raise ValueError(f"{path} is an .npz archive, not a .npy array; save one 2-D array "
-                         "with numpy.save")
-    if array.ndim != 2:
-        raise ValueError(f"{path}: a .npy file must hold a 2-D array (rows, columns); this one "
-                         f"has shape {tuple(array.shape)}")
-    if array.dtype.kind not in "biuf":
-        raise ValueError(f"{path} holds {array.dtype} values; gpscale reads .npy arrays of "
-                         "numbers (float, int or bool)")
-    if array.shape[0] == 0:
-        raise ValueError(f"{path} has no data rows")
     return NpyTable(path, array)
 
+
+_NPY_MAGIC = b"\x93NUMPY"
+_HEADER_READERS = {(1, 0): npy_format.read_array_header_1_0,  # version 3.0 is written only
+                   (2, 0): npy_format.read_array_header_2_0}  # for structured arrays
+
+
+def _npy_header(path: Path, size: int) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from a ``.npy`` file's header, checked against the ``size`` bytes the
+    file holds; Python objects (which only unpickling could read) are refused."""
+    with open_regular(path) as f:
+        start = f.read(len(_NPY_MAGIC))
+        if start != _NPY_MAGIC:
+            raise ValueError(f"{path} is not a .npy file: it does not start with NumPy's magic "
+                             f"bytes{_what_it_is(start + f.read(512))}")
+        f.seek(0)
+        try:
+            version = npy_format.read_magic(f)
+            shape, _, dtype = _HEADER_READERS[version](f)
+        except (ValueError, KeyError, EOFError, OSError) as err:
+            raise ValueError(f"{path} is not a readable .npy file (its header is damaged or of "
+                             f"an unknown version: {_first_line(err)})") from None
+        offset = f.tell()
+    if dtype.hasobject:
+        raise ValueError(f"{path} holds Python objects (dtype {dtype}), which only unpickling "
+                         "could read; gpscale reads .npy arrays of numbers (float, int or "
+                         "bool)")
+    need = math.prod(shape) * dtype.itemsize
+    if need > size - offset:
+        raise ValueError(f"{path} is truncated: its header declares an array of shape {shape} "
+                         f"and dtype {dtype} ({need} bytes); the file holds {size - offset} "
+                         "bytes after the header")
+    return shape, dtype
+
+
+def _what_it_is(start: bytes) -> str:
+    """What a file that is not a ``.npy`` array seems to be, for the error message."""
+    if start.startswith(b"PK\x03\x04"):
+        return " (it is a zip archive, an .npz file?; save one 2-D array with numpy.save)"
+    try:
+        start.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(start) - 4:  # not just a character cut at the end
+            return ""
+    return " (it looks like text: a delimited file? name it .csv, .tsv or .txt)"

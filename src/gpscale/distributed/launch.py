@@ -4,7 +4,9 @@
 sets the torchrun variables in each (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` = a free port), joins the
 process group (:func:`gpscale.distributed.env.init_from_env`) and calls ``fn(*args)`` on every
-rank. ``fn`` must be a module-level function (it is pickled by reference). The ranks' return
+rank. ``fn`` must be a module-level function (it is pickled by reference). The ranks log to
+stderr as the parent process does (its format and levels), rank 0 fully and the others their
+warnings and errors only, so a job's progress lines are shown once. The ranks' return
 values come back as a list in rank order; they travel as data-only files
 (:mod:`gpscale.files`: tensors, arrays and plain data, nothing unpickled) in a temporary folder
 only the user can read.
@@ -22,6 +24,7 @@ and traceback, and what happened to the others.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import socket
@@ -68,12 +71,43 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _logging_of_parent() -> dict[str, Any] | None:
+    """How this process logs, for the ranks to log alike: the root logger's level, its first
+    handler's format, and the levels set on gpscale's loggers (``None``: no logging set up)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        return None
+    form = next((h.formatter for h in root.handlers if h.formatter is not None), None)
+    levels = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
+              if name.startswith("gpscale") and isinstance(logger, logging.Logger)
+              and logger.level != logging.NOTSET}
+    return {"level": root.level, "format": None if form is None else form._fmt,
+            "datefmt": None if form is None else form.datefmt, "levels": levels}
+
+
+def _log_like_parent(setup: dict[str, Any] | None, rank: int) -> None:
+    """Log to stderr as the parent does: rank 0 all it would show (its "resumed at epoch"
+    line, say), the other ranks only warnings and errors (rank 0 speaks for the job)."""
+    if setup is None:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(setup["format"], setup["datefmt"]))
+    if rank:
+        handler.setLevel(logging.WARNING)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(setup["level"])
+    for name, level in setup["levels"].items():
+        logging.getLogger(name).setLevel(level)
+
+
 def _worker(fn: Callable[..., Any], args: Sequence[Any], rank: int, world_size: int,
             port: int, result_dir: str, threads: int, timeout: float,
-            backend: str | None) -> None:
+            backend: str | None, logs: dict[str, Any] | None = None) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+    _log_like_parent(logs, rank)
     _heartbeat(Path(result_dir) / f"rank{rank}.beat")
     torch.set_num_threads(threads)
     path = Path(result_dir) / f"rank{rank}.result"
@@ -122,10 +156,11 @@ def launch(fn: Callable[..., Any], args: Sequence[Any] = (), *, nproc: int = 2,
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     ctx = multiprocessing.get_context("spawn")
     port = free_port()
+    logs = _logging_of_parent()
     with tempfile.TemporaryDirectory(prefix="gpscale-launch-") as tmp:
         procs = [ctx.Process(target=_worker, name=f"gpscale-rank{r}", daemon=False,
                              args=(fn, tuple(args), r, nproc, port, tmp, threads, timeout,
-                                   backend))
+                                   backend, logs))
                  for r in range(nproc)]
         for p in procs:
             p.start()

@@ -30,7 +30,7 @@ from gpscale.distributions import Predictive
 __all__ = [
     "all_gather_rows", "all_reduce_max", "all_reduce_sum", "all_reduce_sums", "barrier",
     "broadcast_module", "check_replicated", "gather_predictive", "reduce_gradients",
-    "weighted_mean",
+    "rows_at", "weighted_mean",
 ]
 
 
@@ -103,6 +103,18 @@ def all_gather_rows(t: Tensor) -> Tensor:
     with collective("all_gather (row counts)"):
         dist.all_gather(counts, count)
     return _AllGatherRows.apply(t, [int(c) for c in counts])
+
+
+def rows_at(t: Tensor, index: Tensor, start: int) -> Tensor:
+    """Rows ``index`` (global row numbers) of a row-sharded tensor whose rows ``start`` …
+    ``start + len(t) − 1`` this rank holds as ``t``: the same (len(index), …) tensor on every
+    rank, from one all-reduce (each row is held by exactly one rank, the others add zeros)."""
+    held = (index >= start) & (index < start + t.shape[0])
+    rows = t.new_zeros((index.shape[0], *t.shape[1:]))
+    rows[held] = t[index[held] - start]
+    if not current().active:
+        return rows
+    return _all_reduce(rows, "all_reduce (rows)")
 
 
 def weighted_mean(value: float | Tensor, weight: float = 1.0) -> tuple[float, float]:

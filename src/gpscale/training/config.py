@@ -13,12 +13,16 @@ import torch
 from gpscale.devices import minibatch_size
 
 __all__ = ["FitConfig", "OPTIMIZERS", "SCHEDULERS", "DTYPES", "METHOD_DEFAULTS", "PAPER_DEFAULTS",
-           "PRESETS", "DEFAULT_BUDGET_S",
+           "PRESETS", "DEFAULT_BUDGET_S", "MAX_LR",
            "default_fit_config", "resolve_fit_config"]
 
 OPTIMIZERS = ("adam", "lbfgs")
 SCHEDULERS = ("plateau", "linear", "budget", "none")
 DTYPES = ("float32", "float64")
+MAX_LR = 10.0
+"""The largest learning rate accepted: ten times the largest default (L-BFGS and CaGP-Opt start
+at 1.0). Adam moves each raw (unconstrained) hyperparameter by about ``lr`` per step, so a
+larger rate leaves no trace of the initial values after one step."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class FitConfig:
     Attributes:
         optimizer: ``"adam"`` (float32 or float64, minibatches allowed) or ``"lbfgs"`` (full batch,
             strong-Wolfe line search, one optimiser step per epoch).
-        lr: initial learning rate (> 0).
+        lr: initial learning rate, in (0, :data:`MAX_LR`].
         epochs: maximum number of epochs (passes over the data); ≥ 1.
         batch_size: minibatch size; ``None`` trains on the full data every step.
         max_time: wall-clock budget in seconds for training (evaluation excluded); ``None`` = none.
@@ -102,6 +106,8 @@ class FitConfig:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {SCHEDULERS}; got {self.scheduler!r}")
         _positive("lr", self.lr, finite=True)
+        if self.lr > MAX_LR:
+            raise ValueError(f"lr must be at most {MAX_LR:g}; got {self.lr!r}")
         _positive_int("epochs", self.epochs)
         _positive_int("eval_every", self.eval_every)
         _positive_int("checkpoint_every", self.checkpoint_every)

@@ -5,17 +5,19 @@ L-BFGS, over minibatches or the full data, under epoch and wall-clock budgets, a
 :class:`History`. Evaluation callbacks run outside the training clock. With a checkpoint path it
 writes the model, optimiser, scheduler, history and shuffling-generator state atomically, and a
 later call with the same path resumes where the earlier one stopped. The file carries a format
-version and a checksum (``gpscale.io.write_file``) and what identifies the run (method, optimiser,
-probe rows of the training data); a corrupt checkpoint, or one written by another run, is a
-``SavedFileError`` (a ``ValueError``), never silently trained over. A non-finite loss stops
-training: the model is restored to the last good parameters and ``NonFiniteLossError`` is raised
-carrying the history and the last checkpoint (which is never overwritten by a bad state).
+version and a checksum (``gpscale.io.write_file``) and what identifies the run (method and its
+options, optimiser, preset and training settings, probe rows of the training data); a corrupt
+checkpoint, one written by another run or by this one with a setting other than the budget
+changed, is a ``SavedFileError`` (a ``ValueError``) naming the change, never silently trained
+over. A non-finite loss stops training: the model is restored to the last good parameters and
+``NonFiniteLossError`` is raised carrying the history and the last checkpoint (which is never
+overwritten by a bad state).
 
 Data-parallel runs pass ``parallel`` (``gpscale.training.parallel.DataParallel``): every rank
 runs this loop on its shard, the hook supplies the rank's minibatches, reduces each step's loss
 and gradients across ranks before the optimiser sees them, and agrees on the epoch time, so all
-ranks take identical steps and stop together; only the main rank shows progress and writes the
-checkpoint.
+ranks take identical steps and stop together; only the main rank shows progress, says that it
+resumed and writes the checkpoint (every rank reads it and checks it against its run).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class _Run:
     history: History
     start_epoch: int = 1
     time_offset: float = 0.0
-    identity: dict[str, Any] | None = None  # what a checkpoint must match (see _identity)
+    identity: dict[str, Any] | None = None  # what a checkpoint must match (run_identity)
     deadline: float | None = None  # perf_counter() at which the budget runs out (this epoch)
     began: tuple[int, float, float] = (1, 0.0, 0.0)  # epoch, clock, perf_counter() at its start
     windowed: bool = False  # the plateau test ran on windows of the last epoch
@@ -97,8 +99,9 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
         parallel: ``None`` (one process) or a data-parallel hook with ``is_main``,
             ``batches(n, batch_size, generator)`` (an iterator of local index tensors or
             ``None``), ``reduce_loss(loss, batch_rows) -> float``, ``step_rows() -> int`` (the
-            last step's global batch size), ``reduce_gradients(model, batch_rows)`` and
-            ``epoch_time(seconds) -> float`` (see ``gpscale.training.parallel``).
+            last step's global batch size), ``reduce_gradients(model, batch_rows)``,
+            ``epoch_time(seconds) -> float`` and, with a checkpoint, ``num_points`` and
+            ``global_rows(t, index)`` (see ``gpscale.training.parallel``).
         validation: scores held-out rows after every epoch (inside the training clock), stops
             when the score no longer improves and restores the best epoch's parameters at the
             end (:mod:`gpscale.training.validation`); one process only.
@@ -112,7 +115,8 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             parameters, the checkpoint file (if any) the last good state.
         ValueError: no trainable parameters or mismatched data.
         SavedFileError: the checkpoint to resume from is corrupt, not a checkpoint, or was
-            written by another run (method, optimiser, parameter shapes or training data).
+            written by another run: another method or method options, optimiser, preset,
+            training setting other than the budget, parameter shapes or training data.
     """
     config = config or FitConfig()
     x, y = data
@@ -126,14 +130,14 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
         raise ValueError("the model has no trainable parameters")
     run = _start(model, params, config, x.shape[0])
     ckpt = Path(config.checkpoint) if config.checkpoint else None
-    if ckpt is not None:
-        run.identity = run_identity(model, run.optimizer, x, y, parallel)
+    main = parallel is None or parallel.is_main
+    if ckpt is not None:  # on every rank: a data-parallel run gathers its probe rows
+        run.identity = run_identity(model, run.optimizer, config, x, y, parallel)
     if ckpt is not None and config.resume and ckpt.exists():
         load_checkpoint(ckpt, model, run)
-        announce_resume(ckpt, run, config)
+        announce_resume(ckpt, run, config, main)
     history = run.history
     clock = run.time_offset
-    main = parallel is None or parallel.is_main
     bar = tqdm(total=config.epochs, initial=run.start_epoch - 1,
                disable=not (_show(config) and main),
                desc="fit", unit="epoch", file=sys.stderr, dynamic_ncols=True)

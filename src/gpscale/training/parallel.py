@@ -29,6 +29,7 @@ from gpscale.distributed.reduce import (
     all_reduce_max,
     all_reduce_sum,
     reduce_gradients,
+    rows_at,
     weighted_mean,
 )
 from gpscale.distributed.shard import batch_per_rank, num_steps, rank_batches, shard_range
@@ -56,7 +57,7 @@ class DataParallel:
         self.env = env or current()
         self.num_points, self.kind = int(num_points), kind
         start, stop = shard_range(self.num_points, self.env.rank, self.env.world_size)
-        self.num_local = stop - start
+        self.start, self.num_local = start, stop - start
         self._rows = 0
 
     @property
@@ -96,6 +97,11 @@ class DataParallel:
     def all_reduce(self, t: Tensor) -> Tensor:
         """``t`` summed over the ranks (each holds its shard's part of a sum over data)."""
         return all_reduce_sum(t)
+
+    def global_rows(self, t: Tensor, index: Tensor) -> Tensor:
+        """Rows ``index`` (global row numbers) of the training data ``t`` is this rank's shard
+        of, on every rank (a collective; e.g. the probe rows a checkpoint records)."""
+        return rows_at(t, index, self.start)
 
     def epoch_time(self, seconds: float) -> float:
         """The slowest rank's epoch time (the wall time of the parallel epoch)."""

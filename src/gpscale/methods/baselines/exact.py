@@ -265,10 +265,11 @@ def build_exact(num_dims: int, *, task: str = "regression", num_classes: int | N
 
 
 CHOLESKY_OPTIONS = (
+    # jitter 0 would retry the same failed factorisation: cholesky_max_tries=0 means no retry
     Option("cholesky_jitter_float", "float", 1e-6, "first diagonal jitter of a float32 Cholesky",
-           minimum=0),
+           minimum=0, exclusive=True),
     Option("cholesky_jitter_double", "float", 1e-8, "first diagonal jitter of a float64 Cholesky",
-           minimum=0),
+           minimum=0, exclusive=True),
     Option("cholesky_max_tries", "int", 3, "Cholesky retries with a 10x larger jitter", minimum=0),
 )
 
