@@ -29,7 +29,8 @@ def test_generated_sets_have_the_stated_size_and_noise(tmp_path, name):
     x, y = table[:, :d], table[:, -1]
     f = np.sin(3 * x[:, 0]) + (np.cos(2 * x[:, 1:]).sum(1) / (d - 1) if d > 1 else 0.0)
     assert abs(np.std(y - f) - calibration.NOISE_STD) < 0.01
-    again, _, _ = calibration.write_generated(name, tmp_path / "..")
+    (tmp_path / "again").mkdir()
+    again, _, _ = calibration.write_generated(name, tmp_path / "again")
     assert np.array_equal(np.loadtxt(again, delimiter=",", skiprows=1), table)
 
 
