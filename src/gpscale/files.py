@@ -80,6 +80,10 @@ class LegacyFormatError(FormatError):
     """The file is a pickle written by an earlier gpscale (or by ``torch.save``)."""
 
 
+PICKLE_PROBLEM = "is a pickle (the format of earlier gpscale versions, or a torch.save file)"
+"""What a :class:`LegacyFormatError` says of the file."""
+
+
 @dataclass(frozen=True)
 class Record:
     """A dataclass as read from a file: its type's name and its field values (plain data)."""
@@ -204,8 +208,7 @@ def is_legacy_pickle(raw: bytes) -> bool:
 def _header_length(raw: bytes, size: int) -> int:
     """The header length in the first 8 bytes of a file of ``size`` bytes, checked."""
     if is_legacy_pickle(raw):
-        raise LegacyFormatError("is a pickle (the format of gpscale before 2026-11-28, or a "
-                                "torch.save file)")
+        raise LegacyFormatError(PICKLE_PROBLEM)
     if size < 8:
         raise FormatError(f"is too short ({size} bytes) to be a gpscale file")
     (length,) = struct.unpack("<Q", raw[:8])
@@ -279,8 +282,7 @@ def read_bytes(path: str | Path) -> bytes:
         size = os.fstat(f.fileno()).st_size
         start = f.read(9)
         if is_legacy_pickle(start):
-            raise LegacyFormatError("is a pickle (the format of gpscale before 2026-11-28, or "
-                                    "a torch.save file)")
+            raise LegacyFormatError(PICKLE_PROBLEM)
         if len(start) < 9:
             return start
         length = _header_length(start, size)

@@ -283,7 +283,7 @@ def read_file(path: str | Path, kinds: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _legacy_message(path: Path) -> str:
-    return ("is in the pickled format of gpscale before 2026-11-28, which gpscale no longer "
+    return ("is in the pickled format of earlier gpscale versions, which gpscale no longer "
             "reads: loading a pickle can run any code it holds. If you trust where the file "
             f"came from, convert it once: gpscale convert {path} NEW_FILE --trust")
 
