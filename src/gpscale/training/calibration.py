@@ -70,13 +70,12 @@ def coverage_tolerance(rows: int) -> float:
 
 
 def _heldout_predictive(model: Any, fit: tuple[Tensor, Tensor], held: tuple[Tensor, Tensor],
-                        noise: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(squared held-out errors, latent variances, held-out NLL's value) of the predictive
-    conditioned on ``fit`` with σ² = ``noise``; float64."""
+                        noise: float) -> tuple[Tensor, Tensor]:
+    """(squared held-out errors, latent variances) of the predictive conditioned on ``fit``
+    with σ² = ``noise``; float64."""
     model.set_noise(noise)
     pred = model.predict(model.posterior(*fit), held[0])
-    err2 = (held[1].double() - pred.mean.double()) ** 2
-    return err2, pred.variance.double().clamp_min(0), _nll(err2, pred.variance.double(), noise)
+    return (held[1].double() - pred.mean.double()) ** 2, pred.variance.double().clamp_min(0)
 
 
 def _nll(err2: Tensor, latent: Tensor, noise: Tensor | float) -> Tensor:
@@ -112,7 +111,7 @@ def calibrate_noise(model: Any, fit: tuple[Tensor, Tensor], held: tuple[Tensor, 
     trained = float(model.noise.detach().reshape(-1)[0])
     noise, first = trained, None
     for _ in range(NOISE_ROUNDS):
-        err2, latent, _ = _heldout_predictive(model, fit, held, noise)
+        err2, latent = _heldout_predictive(model, fit, held, noise)
         if first is None:
             first = (err2, latent)
         new = _best_noise(err2, latent, floor)
@@ -120,7 +119,7 @@ def calibrate_noise(model: Any, fit: tuple[Tensor, Tensor], held: tuple[Tensor, 
         noise = new
         if moved < math.log1p(NOISE_TOLERANCE):
             break
-    err2, latent, _ = _heldout_predictive(model, fit, held, noise)
+    err2, latent = _heldout_predictive(model, fit, held, noise)
     before = _coverage_of(*first, trained)
     after = _coverage_of(err2, latent, noise)
     log.info("noise calibrated on %d held-out rows: %.4g -> %.4g (95%% intervals covered "

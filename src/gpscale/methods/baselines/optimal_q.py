@@ -62,11 +62,6 @@ class CollapsedStatistics:
         return CollapsedStatistics(*(reduce(v) for v in (self.G, self.b, self.rr, self.t,
                                                           self.n)))
 
-    def bound(self, noise: Tensor) -> Tensor:
-        """Titsias' collapsed bound F(σ²) for each σ² of the 1-D tensor ``noise``, per row."""
-        lam, V = torch.linalg.eigh(self.G)
-        return _bound(lam.clamp_min(0), V.mT @ self.b, self, noise.double())
-
 
 def collapsed_statistics(chunks: Iterable[tuple[Tensor, Tensor, Tensor]]) -> CollapsedStatistics:
     """:class:`CollapsedStatistics` from chunks ``(A_c, r_c, kdiag_c)``: A's columns (m, c), the
