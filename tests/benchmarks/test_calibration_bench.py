@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,13 @@ def test_plan_runs_every_regression_key_where_it_applies():
     assert {d for d, _ in plan} == set(calibration.GENERATED + calibration.UCI_SETS)
     with pytest.raises(ValueError, match="calibration runs on"):
         list(calibration._plan(("yacht",)))
+
+
+def test_plan_keeps_the_keys_asked_for():
+    plan = list(calibration._plan(("gen-d5-n1500", "parkinsons"), ("softki", "sgpr")))
+    assert plan == [(d, k) for d in ("gen-d5-n1500", "parkinsons") for k in ("sgpr", "softki")]
+    with pytest.raises(ValueError, match="unknown"):
+        calibration.run(Path("unused"), runs=("sgpr", "not-a-key"))
 
 
 @pytest.mark.parametrize("name", calibration.GENERATED)

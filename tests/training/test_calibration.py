@@ -94,6 +94,43 @@ def test_the_harness_holds_rows_out_and_calibrates_a_grid_model():
     assert abs(interval_coverage(pred.mean, pred.observed_variance, y_new) - 0.95) < 0.025
 
 
+@pytest.mark.parametrize("key, options", [
+    ("sgpr", {"num_inducing": 6}),
+    ("cagp-cg", {"num_actions": 16}),
+    ("cggp", {}),
+])
+def test_the_bound_and_cg_keys_calibrate_the_noise_on_held_out_rows(key, options):
+    """SGPR with 6 inducing points and CaGP-CG with 16 actions, whose bounds let σ² absorb
+    what the approximation leaves out, and CG-GP stopped after one epoch from a noise 50 times
+    too large: the noise set on held-out rows gives intervals of the right width on new rows,
+    where the trained noise gives intervals too wide."""
+    x, y = _field(1_500, seed=4)
+    trained = train_method(key, (x, y), task="regression", num_classes=None,
+                           options={**options, "noise": 0.5}, seed=0,
+                           config=FitConfig(epochs=1, lr=0.01, eval_every=1, progress=False))
+    last = trained.history.rows[-1]
+    assert last["heldout_rows"] == heldout_rows(1_500)
+    assert last["noise_calibrated"] < last["noise_trained"]
+    x_new, y_new = _field(2_000, seed=5)
+    model = trained.model
+    with torch.no_grad():
+        pred = model.predict(trained.state, x_new)
+        assert abs(interval_coverage(pred.mean, pred.observed_variance, y_new) - 0.95) < 0.025
+        model.set_noise(last["noise_trained"])
+        wide = model.predict(model.posterior(x, y), x_new)
+    assert interval_coverage(wide.mean, wide.observed_variance, y_new) > 0.98
+
+
+def test_cagp_opt_trains_on_every_row():
+    """CaGP-Opt's learned actions belong to the rows they were learned on: no rows held out."""
+    x, y = _field(1_500, seed=6)
+    trained = train_method("cagp-opt", (x, y), task="regression", num_classes=None,
+                           options={"num_actions": 8}, seed=0,
+                           config=FitConfig(epochs=1, lr=0.01, eval_every=1, progress=False))
+    assert not trained.model.heldout_noise
+    assert "heldout_rows" not in trained.history.rows[-1]
+
+
 def test_a_run_whose_test_rows_contradict_its_intervals_warns(tmp_path):
     """SVGP after one epoch without its closed-form step: intervals far too wide, said in one
     CalibrationWarning naming the coverage; metrics carry test_coverage."""

@@ -71,7 +71,7 @@ def _spec(dataset: str, folder: Path, key: str, max_time: float | None
     return RunSpec(method=key, dataset=dataset, progress=False, max_time=max_time), None
 
 
-def _plan(datasets: tuple[str, ...] | None):
+def _plan(datasets: tuple[str, ...] | None, runs: tuple[str, ...] | None = None):
     chosen = datasets or GENERATED + UCI_SETS
     unknown = set(chosen) - set(GENERATED + UCI_SETS)
     if unknown:
@@ -84,12 +84,18 @@ def _plan(datasets: tuple[str, ...] | None):
             entry = get_entry(dataset)
             d, n = entry.d, entry.n
         for key in _keys(d, n):
-            yield dataset, key
+            if not runs or key in runs:
+                yield dataset, key
 
 
 def run(out_dir: Path, *, quick: bool = False, datasets: tuple[str, ...] | None = None,
-        max_time: float | None = None) -> list[dict[str, Any]]:
-    """Every regression key with its defaults on each set; report into ``out_dir``."""
+        max_time: float | None = None, runs: tuple[str, ...] | None = None
+        ) -> list[dict[str, Any]]:
+    """Every regression key (or those of ``runs``) with its defaults on each set; report into
+    ``out_dir``."""
+    unknown = set(runs or ()) - set(METHODS)
+    if unknown:
+        raise ValueError(f"calibration runs method keys; unknown: {sorted(unknown)}")
     out_dir = Path(out_dir)
     folder = out_dir / "data"
     folder.mkdir(parents=True, exist_ok=True)
@@ -100,7 +106,7 @@ def run(out_dir: Path, *, quick: bool = False, datasets: tuple[str, ...] | None 
              "test rows inside the central 95 % interval; mean std and noise std on the "
              "standardised target scale.")
     rows = []
-    for dataset, key in _plan(datasets):
+    for dataset, key in _plan(datasets, runs):
         spec, noise = _spec(dataset, folder, key, max_time)
         log.info("calibration: %s on %s", key, dataset)
         result = runner.run(spec)

@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--datasets", help="comma-separated subset of the suite's datasets")
     bench.add_argument("--runs", help="comma-separated subset of the suite's run labels, e.g. "
                        "SoftKI-512,SVGP-512 (suites with labelled runs: softki; "
-                       "iterncgp's MNIST runs; scale: method keys)")
+                       "iterncgp's MNIST runs; scale, calibration: method keys)")
     bench.add_argument("--max-time", type=float, help="training seconds per run instead of "
                        "the method's default budget (suites scale, calibration)")
     bench.add_argument("--device", help="cuda or cuda:N: measure on that GPU (suites kernels "

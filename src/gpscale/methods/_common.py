@@ -45,7 +45,8 @@ from gpscale.validation import check_num_points, check_x, check_xy
 
 __all__ = [
     "check_task_and_init", "default_size", "follow_init", "prior_options", "prior_modules",
-    "gaussian_likelihood", "set_gaussian_noise", "kmeans_points", "inducing_options",
+    "gaussian_likelihood", "set_gaussian_noise", "HeldOutNoise", "kmeans_points",
+    "inducing_options",
     "initial_inducing_points",
     "resolve_num_classes", "gpytorch_mode", "translate_cholesky_errors", "pop_prefit_options",
     "DENSE_OPERATOR_BYTES", "dense_operator_limit",
@@ -167,6 +168,27 @@ def set_gaussian_noise(likelihood: gpytorch.likelihoods.GaussianLikelihood,
     floor = float(likelihood.noise_covar.raw_noise_constraint.lower_bound)
     with torch.no_grad():
         likelihood.noise = torch.full_like(likelihood.noise, max(value, 1.01 * floor))
+
+
+class HeldOutNoise:
+    """Mixin of a regression method whose GPyTorch Gaussian ``likelihood`` holds σ² and whose
+    σ² the harness calibrates on held-out rows after training (``Method.heldout_noise``).
+
+    For the methods whose objective lets σ² absorb what the approximation cannot represent (a
+    collapsed or evidence bound with few inducing points or actions) or whose σ² a time budget
+    stops on its way (Adam on a stochastic log-determinant), the trained σ² makes the
+    intervals too wide or too narrow; the held-out rows measure the noise the predictive
+    needs."""
+
+    heldout_noise = True
+
+    @property
+    def noise(self) -> Tensor:
+        """σ², a scalar."""
+        return self.likelihood.noise.squeeze(-1)
+
+    def set_noise(self, value: float) -> None:
+        set_gaussian_noise(self.likelihood, value)
 
 
 def default_size(value: int | None, num_points: int | None, cap: int, divisor: int,

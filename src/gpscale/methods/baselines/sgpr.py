@@ -40,6 +40,7 @@ from torch import Tensor
 
 from gpscale.distributions import Predictive
 from gpscale.methods._common import (
+    HeldOutNoise,
     check_task_and_init,
     follow_init,
     gaussian_likelihood,
@@ -65,7 +66,7 @@ from gpscale.validation import check_x, check_xy
 __all__ = ["SGPR", "build_sgpr"]
 
 
-class SGPR(Method):
+class SGPR(HeldOutNoise, Method):
     """GPyTorch's sparse GP regression with Titsias' collapsed bound (key ``sgpr``).
 
     Args:

@@ -81,6 +81,7 @@ from gpscale.linalg.policies.block_sparse import (
 )
 from gpscale.linalg.policies.residual import ResidualPolicy
 from gpscale.methods._common import (
+    HeldOutNoise,
     check_task_and_init,
     default_size,
     follow_init,
@@ -172,7 +173,7 @@ class CaGPState:
         return self.K_S.shape[-1]
 
 
-class CaGP(Method):
+class CaGP(HeldOutNoise, Method):
     """Computation-aware GP regression; the policy object chooses CaGP-Opt or CaGP-CG.
 
     Args:
@@ -211,9 +212,11 @@ class CaGP(Method):
         self.chunk_size, self.backend = chunk_size, backend
 
     @property
-    def noise(self) -> Tensor:
-        """σ², a scalar."""
-        return self.likelihood.noise.squeeze(-1)
+    def heldout_noise(self) -> bool:
+        """CaGP-CG sets σ² on held-out rows after training (its ELBO lets σ² absorb what i
+        actions leave unexplained). CaGP-Opt's learned actions belong to the rows they were
+        learned on, so it trains on every row and keeps its ELBO's σ²."""
+        return not isinstance(self.policy, LearnedBlockSparsePolicy)
 
     def condition(self, x: Tensor, y: Tensor, *, actions: Any = None) -> CaGPState:
         """Actions, K S, the float64 Gram factor and ṽ (Alg. S2 lines 1–5); differentiable.

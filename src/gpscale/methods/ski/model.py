@@ -90,12 +90,12 @@ from gpscale.linalg.stencil import GramStencil, pair_offsets
 from gpscale.linalg.toeplitz import GridKernel, grid_kernel
 from gpscale.linalg.whitened import WhitenedSystem, marginal_grams
 from gpscale.methods._common import (
+    HeldOutNoise,
     check_task_and_init,
     follow_init,
     gaussian_likelihood,
     prior_modules,
     prior_options,
-    set_gaussian_noise,
 )
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.options import Option, prior_options_with
@@ -189,7 +189,7 @@ def _love_term(GK: GridKernel, P: Tensor, T: Tensor):
     return lambda rows: rows.matmul(G).square().sum(-1)
 
 
-class GGP(Method):
+class GGP(HeldOutNoise, Method):
     """Grid-structured GP (GSGP) regression from sufficient statistics; see the module docstring.
 
     Args:
@@ -200,7 +200,6 @@ class GGP(Method):
 
     key = "ggp"
     needs_data_for_prediction = True
-    heldout_noise = True
     summary_types = (SufficientStatistics, Grid, GramStencil)
 
     def __init__(self, mean, kernel, likelihood, *, num_dims: int, options: dict[str, Any]):
@@ -212,13 +211,6 @@ class GGP(Method):
     @property
     def grid(self) -> Grid:
         return _grid_from_options(self.options)
-
-    @property
-    def noise(self) -> Tensor:
-        return self.likelihood.noise.squeeze(-1)
-
-    def set_noise(self, value: float) -> None:
-        set_gaussian_noise(self.likelihood, value)
 
     def statistics(self, data, chunk_size: int = 100_000) -> SufficientStatistics:
         """One streaming pass over ``data`` (see :func:`sufficient_statistics`); the same
@@ -311,7 +303,7 @@ class GGP(Method):
         return _predict(self, state, x_test, term, size)
 
 
-class SKI(Method):
+class SKI(HeldOutNoise, Method):
     """Standard SKI / KISS-GP regression: CG on the n × n W K_G Wᵀ + σ²I (the paper's baseline).
 
     Same model, options and loss as :class:`GGP`; every iteration touches n-vectors.
@@ -319,7 +311,6 @@ class SKI(Method):
 
     key = "ski"
     needs_data_for_prediction = True
-    heldout_noise = True
 
     def __init__(self, mean, kernel, likelihood, *, num_dims: int, options: dict[str, Any]):
         super().__init__(task="regression", options=options)
@@ -327,8 +318,6 @@ class SKI(Method):
         self.num_dims = num_dims
 
     grid = GGP.grid
-    noise = GGP.noise
-    set_noise = GGP.set_noise
 
     def _rows(self, x: Tensor):
         """W's rows for x, the seeded probes Z and WᵀZ (what every step on x reuses)."""
