@@ -227,3 +227,44 @@ def test_an_npy_header_declaring_more_than_the_file_holds_is_refused(tmp_path):
     _refused(read_npy, path, "is truncated: its header declares an array of shape "
                              "(1000000000, 3) and dtype float64 (24000000000 bytes); the file "
                              "holds 96 bytes after the header")
+
+
+def _little_memory(monkeypatch, free: int = 1 << 20) -> None:
+    """The machine as if ``free`` bytes were free (what a crafted file meets at scale)."""
+    import gpscale.limits
+
+    monkeypatch.setattr(gpscale.limits, "available_memory", lambda: free)
+
+
+def test_a_gzip_file_decompressing_beyond_memory_is_refused_naming_it(tmp_path, monkeypatch):
+    """A few KB of gzip for 300,000 rows (a compression bomb in miniature): with 1 MiB free, the
+    reader stops when its arrays would outgrow the memory, with one line naming the file."""
+    import gzip
+
+    path = tmp_path / "bomb.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("a,y\n" + "".join(f"{i % 10},{i % 3}.5\n" for i in range(300_000)))
+    assert path.stat().st_size < 20_000
+    _little_memory(monkeypatch)
+    with pytest.raises(ValueError, match=r"bomb\.csv\.gz: more than [\d,]+ rows of 2 numeric "
+                                         r"columns need .* GiB of memory free"):
+        load_csv(path, "y")
+    monkeypatch.undo()
+    assert load_csv(path, "y").num_train > 200_000  # with the memory there, it is read
+
+
+def test_a_parquet_file_whose_rows_outgrow_memory_is_refused_before_reading(tmp_path,
+                                                                            monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "many.parquet"
+    pq.write_table(pa.table({"a": np.zeros(200_000), "y": np.ones(200_000)}), path)
+    _little_memory(monkeypatch)
+    with pytest.raises(ValueError, match=r"many\.parquet: the 200,000 rows its metadata "
+                                         "declares .* nothing was allocated"):
+        read_parquet(path)
+    _little_memory(monkeypatch, free=5 << 20)  # one column fits, the table does not
+    table = read_parquet(path)
+    with pytest.raises(ValueError, match=r"many\.parquet: 200,000 rows of 2 numeric columns"):
+        table.numeric(path, [0, 1])

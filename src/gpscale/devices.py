@@ -50,7 +50,7 @@ from gpscale.errors import DeviceMemoryError
 
 __all__ = ["DENSE_COPIES", "GPU_BATCH_SIZE", "GPU_INDUCING", "MIN_STEPS_PER_EPOCH", "OOM_ERRORS",
            "check_dense_fits", "device_memory", "inducing_options", "minibatch_size",
-           "on_cpu_after_oom", "out_of_memory"]
+           "on_cpu_after_oom", "out_of_memory", "PROCESS_ADVICE", "TRAINING_ADVICE"]
 
 GPU_BATCH_SIZE = 16_384
 """Largest default minibatch on a GPU (module docstring)."""
@@ -144,17 +144,26 @@ def check_dense_fits(method: str, num_train: int, dtype: torch.dtype, device: to
             "linear in n (--method auto picks one), or train on a subset")
 
 
+TRAINING_ADVICE = ("Use a smaller --batch-size or fewer inducing points or actions, train in "
+                   "float32, or choose a method whose memory is linear in n (cagp-opt, svgp, "
+                   "solvegp, softki)")
+"""What a run can change when a model's computation runs out of memory."""
+PROCESS_ADVICE = ("The memory this process may use (the machine's, or a limit set by ulimit or "
+                  "a container) is too small for this step: free memory or raise the limit")
+"""Where the failing step is not known to be the model's (reading files, start-up): no
+training advice, which would blame settings that played no part."""
+
+
 def out_of_memory(err: BaseException, where: str, device: torch.device | str | None,
-                  kept: str = "") -> DeviceMemoryError:
+                  kept: str = "", advice: str = TRAINING_ADVICE) -> DeviceMemoryError:
     """A one-line :class:`~gpscale.errors.DeviceMemoryError` for torch's ``err`` in
-    ``where`` (e.g. "epoch 3"), saying what was ``kept``."""
-    first = " ".join(str(err).split(". ")[0].split())[:200]
-    message = f"out of memory on {device or 'the device'} in {where} ({first})"
+    ``where`` (e.g. "epoch 3"), saying what was ``kept`` and what to change (``advice``)."""
+    first = " ".join(str(err).split(". ")[0].split())[:200] or type(err).__name__
+    place = f" on {device}" if device is not None else ""
+    message = f"out of memory{place} in {where} ({first})"
     if kept:
         message += f"; {kept}"
-    return DeviceMemoryError(message + ". Use a smaller --batch-size or fewer inducing points "
-                             "or actions, train in float32, or choose a method whose memory is "
-                             "linear in n (cagp-opt, svgp, solvegp, softki)")
+    return DeviceMemoryError(f"{message}. {advice}")
 
 
 def on_cpu_after_oom(compute: Callable[[torch.device], Any], model: torch.nn.Module,

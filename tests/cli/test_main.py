@@ -241,3 +241,18 @@ def test_predict_that_fails_midway_leaves_no_output_file(tmp_path, data_root, mo
               "--target", "-1", "--out", str(target)])
     assert target.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.csv", "rows.csv", "run"]
+
+
+def test_memory_exhausted_outside_training_gives_no_training_advice(monkeypatch, capsys):
+    """A MemoryError while a command reads its inputs (a process memory limit, say) exits 4 with
+    one line about the process's memory, not advice on batch sizes that played no part."""
+    from gpscale.cli import __main__ as cli
+
+    def reads_too_much(args):
+        raise MemoryError()
+
+    monkeypatch.setitem(cli.COMMANDS, "predict", reads_too_much)
+    assert main(["predict", "--model", "m.pt", "--data", "x.csv"]) == 4
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpscale predict: error: out of memory in gpscale predict (MemoryError)")
+    assert "limit" in err and "--batch-size" not in err and "\n" not in err

@@ -458,11 +458,11 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"gpscale {args.command}: training stopped: {err}", file=sys.stderr)
         return 3
     except _out_of_memory_errors() as err:  # DeviceMemoryError, or torch's
-        from gpscale.devices import out_of_memory
+        from gpscale.devices import PROCESS_ADVICE, out_of_memory
         from gpscale.errors import DeviceMemoryError
 
-        if not isinstance(err, DeviceMemoryError):
-            err = out_of_memory(err, f"gpscale {args.command}", None)
+        if not isinstance(err, DeviceMemoryError):  # not from a model's step: no training advice
+            err = out_of_memory(err, f"gpscale {args.command}", None, advice=PROCESS_ADVICE)
         print(f"gpscale {args.command}: error: {err}", file=sys.stderr)
         return 4
 

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import torch
 
+from gpscale.limits import TooLargeError, check_fits
 from gpscale.data.head import decide_header, decimal_comma, is_number
 from gpscale.data.lines import (
     Table,
@@ -231,8 +232,9 @@ class _Store:
     columns as pyarrow string chunks. Arrays are allocated for an estimated row count (pages
     never written cost no memory) and grow when the estimate is short."""
 
-    def __init__(self, width: int, text: set[int], layout: list[int], capacity: int) -> None:
-        self.width = width
+    def __init__(self, width: int, text: set[int], layout: list[int], capacity: int,
+                 path: Path) -> None:
+        self.width, self.path = width, path
         self.text: dict[int, list[pa.Array]] = {j: [] for j in sorted(text)}
         self.layout = layout
         self.slot = {j: k for k, j in enumerate(layout)}
@@ -248,6 +250,9 @@ class _Store:
 
     def _grow(self, rows: int) -> None:
         capacity = max(rows, self.capacity + self.capacity // 2 + 1024)
+        numeric = len(self.layout) + len(self.single)
+        check_fits(self.path, 8 * capacity * numeric + 8 * self.num_rows * numeric,
+                   f"more than {self.num_rows:,} rows of {numeric} numeric columns")
         n = self.num_rows
         matrix = np.empty((capacity, len(self.layout)), dtype=np.float64)
         matrix[:n] = self.matrix[:n]
@@ -314,7 +319,7 @@ def _input(path: Path, head: _Head):
 def _stream(path: Path, head: _Head, text_columns: set[int], layout: list[int]) -> _Store:
     """Stream the file through pyarrow into a :class:`_Store`."""
     store = _Store(head.width, text_columns, [j for j in layout if j not in text_columns],
-                   _capacity(path, head))
+                   _capacity(path, head), path)
     with _input(path, head) as source:
         for batch in pacsv.open_csv(source, **_options(head, text_columns)):
             store.add(batch)
@@ -382,6 +387,8 @@ def read_csv_columns(path: str | Path, *, delimiter: str | None = None,
             break
         except _Nulls:
             return None, "pyarrow found missing values"
+        except TooLargeError:
+            raise
         except (pa.ArrowException, OSError, ValueError, EOFError) as err:
             match = _CONVERSION.search(str(err))
             if match is None or int(match[1]) in columns:

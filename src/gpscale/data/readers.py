@@ -36,6 +36,7 @@ from gpscale.data.lines import (
     check_names,
     sort_labels,
 )
+from gpscale.limits import check_fits
 from gpscale.regular_files import check_regular, open_regular
 
 __all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "NPY_SUFFIXES", "NpyTable", "ParquetTable",
@@ -125,6 +126,8 @@ class _ArrayTable(_ColumnTable):
         raise NotImplementedError
 
     def numeric(self, path: str | Path, columns: list[int]) -> np.ndarray:
+        check_fits(path, 8 * self.num_rows * (len(columns) + 2),
+                   f"{self.num_rows:,} rows of {len(columns)} numeric columns")
         out = np.empty((self.num_rows, len(columns)), dtype=np.float64)
         for k, j in enumerate(columns):
             out[:, k] = self._column(path, j, "input column")
@@ -350,8 +353,10 @@ def read_parquet(path: str | Path) -> ParquetTable:
             raise
         raise ValueError(f"{path} is not a readable Parquet file ({_first_line(err)})") from None
     check_names(path, names)
-    if parquet.metadata.num_rows == 0:
+    rows = parquet.metadata.num_rows
+    if rows == 0:
         raise ValueError(f"{path} has no data rows")
+    check_fits(path, 16 * rows, f"the {rows:,} rows its metadata declares (one column of them)")
     return ParquetTable(path, parquet)
 
 

@@ -44,12 +44,12 @@ from __future__ import annotations
 import difflib
 import logging
 import math
-import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpscale.limits import available_memory
 from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS, OptionError
 from gpscale.methods.registry import get_spec
 
@@ -165,14 +165,6 @@ class Probe:
         return (f"an exact GP on {self.points:,} points ({self.seconds:.0f} s): held-out "
                 f"error {self.error:.3g} (noise {self.noise:.3g}), residual of "
                 f"{self.num_inducing} inducing points {self.residual:.3g}, ρ = {self.ratio:.3g}")
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available now (Linux ``sysconf``), or ``None`` where unknown."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def choose_method(task: str, n: int, d: int, *, num_classes: int | None = None,
