@@ -34,7 +34,6 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import torch
 
-from gpscale.limits import TooLargeError, check_fits
 from gpscale.data.head import decide_header, decimal_comma, is_number
 from gpscale.data.lines import (
     Table,
@@ -52,6 +51,7 @@ from gpscale.data.readers import (
     _first_line,
     _string_codes,
 )
+from gpscale.limits import TooLargeError, check_fits
 from gpscale.regular_files import open_regular
 
 __all__ = ["ArrowCsvTable", "read_csv_columns"]
