@@ -26,7 +26,12 @@ import torch
 from torch import Tensor
 
 __all__ = ["json_safe", "rmse", "gaussian_nll", "accuracy", "multiclass_nll", "ece",
-           "coverage", "coverage_error", "poisson_nll"]
+           "coverage", "coverage_error", "poisson_nll", "covering_noise_range",
+           "COVERAGE_SLACK"]
+
+COVERAGE_SLACK = 0.01
+"""A calibrated noise keeps the held-out rows' 95 % intervals covering 95 % ± this share of
+them (:func:`covering_noise_range`)."""
 
 
 def rmse(mean: Tensor, y: Tensor) -> float:
@@ -122,6 +127,28 @@ def coverage_error(mean: Tensor, variance: Tensor, y: Tensor, level: float = 0.9
     """The absolute difference between the fraction of y inside the central ``level`` interval
     of N(mean, variance) and ``level``."""
     return abs(coverage(mean, variance, y, level) - level)
+
+
+def covering_noise_range(err2: Tensor, latent: Tensor, slack: float,
+                         level: float = 0.95) -> tuple[float, float]:
+    """(lo, hi): the noise variances σ² with which the central ``level`` intervals of
+    N(mean, latent + σ²) cover ``level`` ± ``slack`` of the rows whose squared errors are
+    ``err2`` (lo ≤ hi; hi may be below zero where the latent variance alone covers too many).
+
+    The NLL's best σ² matches the errors' spread on average, not their ``level`` quantile:
+    where the errors are heavier- or lighter-tailed than a Gaussian, or spread otherwise than
+    the latent variance says, its intervals cover more or fewer rows. Row i is inside its
+    interval exactly when σ² ≥ t_i = err2_i / z² − latent_i, so the coverage is the share of
+    t_i ≤ σ²: the bounds are two order statistics of t."""
+    _same_length(latent, err2)
+    z = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(level, dtype=torch.float64)))
+    t = torch.sort(err2.double() / z**2 - latent.double()).values
+    n = t.numel()
+    low = min(max(math.ceil((level - slack) * n), 1), n)
+    high = math.floor((level + slack) * n)
+    lo = float(t[low - 1])
+    hi = math.nextafter(float(t[high]), -math.inf) if high < n else math.inf
+    return lo, max(hi, lo)
 
 
 def _same_length(a: Tensor, y: Tensor) -> None:

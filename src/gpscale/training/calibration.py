@@ -7,8 +7,8 @@ has overfitted the training rows (intervals far too narrow). A method that decla
 ``heldout_noise`` (:class:`~gpscale.methods.base.Method`) trains on all but
 :func:`heldout_rows` of its rows; after training, :func:`calibrate_noise` sets σ² to the value
 whose predictive, conditioned on the rows trained on, has the smallest negative log density on
-the held-out rows (a fixed point of a few conditionings), and the harness then conditions on
-every row.
+the held-out rows while its 95 % intervals cover 95 % of them (within :data:`COVERAGE_SLACK`;
+a fixed point of a few conditionings), and the harness then conditions on every row.
 
 :func:`interval_coverage` and :func:`coverage_tolerance` say whether a predictive's central
 95 % intervals cover what they should on a given number of rows.
@@ -25,11 +25,12 @@ import torch
 from torch import Tensor
 
 from gpscale.errors import CalibrationWarning
+from gpscale.metrics import COVERAGE_SLACK, covering_noise_range
 
 __all__ = ["heldout_rows", "calibrate_noise", "interval_coverage", "coverage_tolerance",
            "coverage_message",
            "HELDOUT_FRACTION", "HELDOUT_MIN_ROWS", "HELDOUT_MAX_ROWS", "HELDOUT_MIN_TRAIN_ROWS",
-           "NOISE_ROUNDS", "NOISE_TOLERANCE"]
+           "NOISE_ROUNDS", "NOISE_TOLERANCE", "COVERAGE_SLACK"]
 
 log = logging.getLogger("gpscale.training")
 
@@ -85,6 +86,14 @@ def _nll(err2: Tensor, latent: Tensor, noise: Tensor | float) -> Tensor:
 
 def _best_noise(err2: Tensor, latent: Tensor, floor: float) -> float:
     """σ² ≥ ``floor`` minimising the held-out NLL with the predictive mean and latent variance
+    held fixed, then moved into the range where the held-out 95 % intervals cover 95 % ±
+    :data:`COVERAGE_SLACK` of the rows (:func:`~gpscale.metrics.covering_noise_range`)."""
+    lo, hi = covering_noise_range(err2, latent, COVERAGE_SLACK)
+    return min(max(_nll_noise(err2, latent, floor), lo, floor), max(hi, floor))
+
+
+def _nll_noise(err2: Tensor, latent: Tensor, floor: float) -> float:
+    """σ² ≥ ``floor`` minimising the held-out NLL with the predictive mean and latent variance
     held fixed: a log grid refined three times (each a vector operation)."""
     lo, hi = math.log(floor), math.log(max(10 * float(err2.mean()), 10 * floor))
     best = (math.inf, lo)
@@ -106,8 +115,10 @@ def calibrate_noise(model: Any, fit: tuple[Tensor, Tensor], held: tuple[Tensor, 
     intervals before and after.
 
     A fixed point: σ² minimises the held-out NLL of the predictive mean and latent variance
-    that σ² itself conditions; each round conditions on ``fit`` once, and the rounds stop when
-    σ² moves by less than :data:`NOISE_TOLERANCE` of itself (at most :data:`NOISE_ROUNDS`)."""
+    that σ² itself conditions, within the range where the held-out intervals cover 95 % ±
+    :data:`COVERAGE_SLACK` of the rows; each round conditions on ``fit`` once, and the rounds
+    stop when σ² moves by less than :data:`NOISE_TOLERANCE` of itself (at most
+    :data:`NOISE_ROUNDS`)."""
     trained = float(model.noise.detach().reshape(-1)[0])
     noise, first = trained, None
     for _ in range(NOISE_ROUNDS):

@@ -16,7 +16,7 @@ Every caller goes through these two functions — ``gpscale fit`` and the benchm
    the state to predict with. A method that asks for held-out rows (``holdout_rows``, SoftKI)
    trains on the others, with the best epoch on the held-out rows kept
    (:mod:`gpscale.training.validation`); ``finalize`` gets both and the state conditions on all
-   rows. A method that declares ``heldout_noise`` (GGP, SKI, SGPR, CG-GP, the CaGP keys)
+   rows. A method that declares ``heldout_noise`` (GGP, SKI, SGPR, CaGP-CG)
    trains on all but a few rows and sets σ² by them after training
    (:mod:`gpscale.training.calibration`).
 """

@@ -36,7 +36,6 @@ import gpytorch
 from torch import Tensor
 
 from gpscale.methods._common import (
-    HeldOutNoise,
     check_task_and_init,
     follow_init,
     gaussian_likelihood,
@@ -111,12 +110,6 @@ class CGSettings:
         return stack
 
 
-class CGGP(HeldOutNoise, ExactGPyTorch):
-    """:class:`~gpscale.methods.baselines.exact.ExactGPyTorch` on GPyTorch's CG/Lanczos path,
-    with σ² calibrated on held-out rows after training: its Adam steps on a stochastic
-    log-determinant often end a time budget with σ² still on its way."""
-
-
 def build_cggp(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
                init: tuple[Tensor, Tensor] | None = None, cg_tolerance: float = 1.0,
                eval_cg_tolerance: float = 0.01, max_cg_iterations: int = 1000,
@@ -145,8 +138,8 @@ def build_cggp(num_dims: int, *, task: str = "regression", num_classes: int | No
                           min_preconditioning_size)
     opts = prior_options(init, task, num_dims, **prior)
     mean, kernel = prior_modules(num_dims, opts)
-    model = CGGP(mean, kernel, gaussian_likelihood(opts["noise"]), settings,
-                 num_dims=num_dims, options={**opts, **asdict(settings)})
+    model = ExactGPyTorch(mean, kernel, gaussian_likelihood(opts["noise"]), settings,
+                          num_dims=num_dims, options={**opts, **asdict(settings)})
     return follow_init(model, init)
 
 

@@ -61,15 +61,14 @@ Deviations from the paper and choices, with reasons (§7 lists the paper's errat
 - QR orientation (§7.5): the paper stacks [K̂_xz/β ; U] with UᵀU = K_zz (the *upper*
   factor). We stack the whitened [W Uᵀ/β ; I] instead: the same posterior, but R's condition
   number is at most ‖G‖/β, whereas the paper's R inherits K_zz's (10⁸ and more once points
-  cluster). With the paper's form in float32 the Protein pseudoloss per datum fell from
-  about −200 (bounded below by −yᵀy/(2bβ²) ≈ −500) to −10⁸ from epoch 12 on, and the test
-  RMSE rose from 0.65 to 0.99; the whitened form trains smoothly to 0.639 in 50 epochs (test
-  ``test_float32_solves_stay_accurate_when_K_zz_is_ill_conditioned``).
+  cluster). With the paper's form in float32 the pseudoloss can fall far below its bound
+  −yᵀy/(2bβ²) once K_zz is ill-conditioned, and the test error then rises; the whitened form
+  trains smoothly (test ``test_float32_solves_stay_accurate_when_K_zz_is_ill_conditioned``).
 - Covariance (§7.6): the corrected SoR form above, not the printed Eq. 24.
-- Held-out rows (not in the paper; option ``validation``, default 10 % up to 10,000 rows): the
-  learned points overfit, so training keeps the epoch of best held-out NLL and β² and the
-  outputscale are calibrated on those rows (:mod:`~gpscale.methods.softki.validation`);
-  prediction then conditions on every row.
+- Held-out rows (not in the paper; option ``validation``, default 10 % of 1,000 training rows
+  or more, at most 10,000 rows): the learned points overfit, so training keeps the epoch of
+  best held-out NLL and β² and the outputscale are calibrated on those rows
+  (:mod:`~gpscale.methods.softki.validation`); prediction then conditions on every row.
 - The pseudoloss's solves come from the same QR as the posterior instead of a dense b × b
   LU solve (the paper's App. B.1): one factorisation, the same O(b m²) cost, and Σ is never
   formed.
@@ -79,9 +78,9 @@ Deviations from the paper and choices, with reasons (§7 lists the paper's errat
   inverse ARD lengthscales rescaled to a root mean square of 1. With one shared lengthscale
   w = 1 and the weights are Def. 4.1's exactly; an input whose ℓ grows drops out of the weights
   as it drops out of K_zz. With Euclidean weights inputs that do not matter swamp the distances
-  whatever the kernel learns: on ``relevant32`` (32 inputs, 4 matter) SoftKI predicted the mean
-  (test RMSE 1.55 against the exact GP's 0.14), with relative distances 0.148. ``'lengthscale'``
-  (w = 1/ℓ, unnormalised) also couples the softmax's sharpness to ℓ; it reached 0.169.
+  whatever the kernel learns: with many inputs of which few matter, SoftKI then predicts little
+  more than the mean, where relative distances come close to the exact GP. ``'lengthscale'``
+  (w = 1/ℓ, unnormalised) also couples the softmax's sharpness to ℓ, and did worse.
 - The loss's value is −log p(y)/n, read off the QR, while its gradient is the pseudoloss's:
   the pseudoloss's own value is no objective (−½ rᵀΣ⁻¹r/n dominates it), and the plateau
   schedule of the default training settings stopped runs on its noise.
@@ -268,9 +267,9 @@ class SoftKI(Method):
         """The objective per datum, −log p(y)/n (``negative_mll``) in value either way; its
         gradient is the pseudoloss's Hutchinson estimate (default) or the exact one (``mll``).
 
-        The pseudoloss's *value* is not an objective (its quadratic term is −½ rᵀΣ⁻¹r/n; on
-        ``relevant32`` it rose from −914 to −434 per datum over the 69 epochs the plateau
-        schedule then called converged), so a schedule watching it acts on noise; the exact
+        The pseudoloss's *value* is not an objective (its quadratic term is −½ rᵀΣ⁻¹r/n, which
+        can move by hundreds per datum over a run the plateau schedule then calls converged),
+        so a schedule watching it acts on noise; the exact
         value costs nothing extra, it is read off the QR the pseudoloss's solves come from.
         """
         if self.objective == "mll":
