@@ -5,13 +5,16 @@ family imports another.
 Read from the source with :mod:`ast` (nothing is imported). A module's imports are its
 ``import gpscale...`` / ``from gpscale... import ...`` statements at any depth except under
 ``if TYPE_CHECKING:``; ``from gpscale.a import b`` counts as importing ``gpscale.a.b`` when that
-is a module, and importing ``gpscale.a.b`` also runs ``gpscale/a/__init__.py``.
+is a module, and importing ``gpscale.a.b`` also runs ``gpscale/a/__init__.py``. Only the
+start-up tests at the end import the package, each in a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,11 +29,9 @@ MAX_LINES = 500
 LAYERS = ("gpscale.cli", "gpscale.benchmarks", "gpscale.run", "gpscale.training",
           "gpscale.methods", "gpscale.likelihoods", "gpscale.kernels", "gpscale.linalg")
 # methods/: one package per inference family, beside the modules every family shares; a family
-# imports those and never another family. The two former module paths of the data-parallel
-# pieces re-export them (gpscale.methods.cagp.sharded, gpscale.methods.ski.sharded).
+# imports those and never another family.
 FAMILIES = ("baselines", "cagp", "iterncgp", "ski", "softki", "solvegp")
 SHARED = ("base", "options", "registry", "auto", "_common")
-FORMER_PATHS = ("cagp_sharded", "ggp_sharded")
 
 
 def _modules() -> dict[str, Path]:
@@ -170,7 +171,7 @@ def _family(name: str) -> str | None:
 def test_methods_holds_the_shared_modules_and_one_package_per_family():
     """No family's files lie loose beside the shared ones (issue #45: no ``_cagp_*.py``)."""
     found = {p.name for p in (PACKAGE / "methods").iterdir() if p.name != "__pycache__"}
-    expected = {"__init__.py", *FAMILIES, *(f"{m}.py" for m in SHARED + FORMER_PATHS)}
+    expected = {"__init__.py", *FAMILIES, *(f"{m}.py" for m in SHARED)}
     assert found == expected, (f"unexpected: {sorted(found - expected)}; "
                                f"missing: {sorted(expected - found)}")
 
@@ -198,3 +199,91 @@ def test_the_shared_methods_modules_import_no_family(name):
     families = sorted(t for t in _imports(name, top_level_only=False, type_checking=True)
                       if _family(t) is not None)
     assert not families, f"{name} is shared by the families but imports {families}"
+
+
+# Start-up loads only what it uses: ``import gpscale`` no torch; the method families, and what
+# ``gpscale fit`` and ``gpscale predict`` import, neither torch.compile's machinery, scikit-learn
+# nor pyarrow, which load on first use (compiling a kernel, k-means, reading a data file);
+# ``gpscale --version`` and ``--help`` no torch. Each runs in a fresh interpreter and is checked
+# in its sys.modules (not timed: timings on a shared machine are noise).
+HEAVY = ("torch._dynamo", "torch._inductor", "sklearn", "pyarrow")
+
+
+def _loaded(code: str, modules: tuple[str, ...]) -> tuple[list[str], str]:
+    """Which of ``modules`` a fresh interpreter holds after running ``code``, and what ``code``
+    printed."""
+    check = f"import sys; print('loaded:', *[m for m in {modules!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", f"{code}\n{check}"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    *printed, last = done.stdout.splitlines()
+    return last.split()[1:], "\n".join(printed)
+
+
+def test_import_gpscale_imports_no_torch():
+    assert _loaded("import gpscale", ("torch",))[0] == []
+
+
+@pytest.mark.parametrize("module", ["gpscale.methods", "gpscale.run", "gpscale.cli.predict"])
+def test_the_methods_and_the_commands_import_no_compiler_sklearn_or_pyarrow(module):
+    """``gpscale.methods`` with every family registered; ``gpscale.run`` is what ``fit`` runs,
+    ``gpscale.cli.predict`` what ``predict`` does."""
+    code = (f"import {module}\nfrom gpscale.methods import METHODS\n"
+            "assert {'exact', 'cagp-opt', 'iterncgp', 'ski', 'softki', 'solvegp'} <= set(METHODS)")
+    assert _loaded(code, HEAVY)[0] == []
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_gpscale_version_and_help_import_no_torch(flag):
+    code = ("import contextlib\nfrom gpscale.cli.__main__ import main\n"
+            f"with contextlib.suppress(SystemExit):\n    main([{flag!r}])")
+    loaded, printed = _loaded(code, ("torch", "gpscale.training", "gpscale.methods"))
+    assert loaded == [] and printed.startswith(("gpscale ", "usage: gpscale"))
+
+
+# The code says what it does and why; its history — issue numbers, dates, commits, the figures
+# measured on it — goes to docs/notes/ (the benchmarks package, which produces figures, may cite
+# them). Python has no '#' outside comments and strings, so the raw text is what is scanned.
+HISTORY = {
+    # '#12' after a space or bracket; not a linter's directive, a hex colour '#1f77b4', a format
+    # '{:#04x}', '[#]' or another project's 'owner/repo#12'
+    "issue number": re.compile(r"(?<![\w/&#])#\d{1,5}\b|\bissues? +#?\d+\b", re.IGNORECASE),
+    "date": re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b"),
+}
+# A commit hash: 7–12 lowercase hex characters, at least one digit and one letter, on a line
+# that speaks of commits (so not a digest's prefix, nor a float such as 9.9999997e-05).
+HEX_WORD = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,12}\b")
+COMMITISH = re.compile(r"\bcommit(?:s|ted)?\b|\bmain at\b|\brevision\b|@(?=[0-9a-f]{7})",
+                       re.IGNORECASE)
+
+
+def _history(text: str) -> list[tuple[int, str, str]]:
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        found += [(number, kind, m.group(0)) for kind, pattern in HISTORY.items()
+                  for m in pattern.finditer(line)]
+        if COMMITISH.search(line):
+            found += [(number, "commit", m.group(0)) for m in HEX_WORD.finditer(line)]
+    return found
+
+
+def test_the_code_carries_no_issue_numbers_dates_or_commits():
+    """Outside the benchmarks package: the reason goes in the code, the history and the evidence
+    in docs/notes/ (a figure that supports a default: "Evidence moved out of the code" in
+    docs/notes/benchmarks-2026-12.md)."""
+    found = [f"{MODULES[name].relative_to(SRC)}:{line}: {kind} {text!r}"
+             for name in sorted(MODULES) if not name.startswith("gpscale.benchmarks")
+             for line, kind, text in _history(MODULES[name].read_text())]
+    assert not found, "say what and why instead:\n" + "\n".join(found[:30])
+
+
+def test_the_history_patterns_catch_the_forms_used_before():
+    for text in ("(issue #12)", "issue 20", "issues #8 and #43", "so (#45: no _cagp_*.py)",
+                 "measured 2026-11-28", "commit 504c692 of", "commits 1d5d85d, 4ebbc67 of",
+                 "main at 85dff82", "gpscale@3451b13"):
+        assert _history(text), text
+    for text in ("x = 1  # noqa: E501", "color='#1f77b4'", "'#000000'", "f'{byte:#04x}'",
+                 "[#]", "cornellius-gp/gpytorch#2749", "CVE-2025-32434", "benchmarks-2026-12.md",
+                 "float32 9.9999997e-05", "MD5s 2646ac64… (images)", "a commit record names the "
+                 "run id and the SHA-256 of each file", "commit 1234567 (digits only)"):
+        assert not _history(text), text

@@ -1,5 +1,5 @@
-"""The repository's records name dates and commits, which a reader can look up, never the
-working sessions they came from (issue #45)."""
+"""The repository's records say what changed and why, never the working sessions they came
+from."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ def _text_files():
 def test_no_record_names_a_session_number():
     found = [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
              for path, text in _text_files() for m in WORD.finditer(text)]
-    assert not found, "a date or commit instead of a session number:\n" + "\n".join(found[:20])
+    assert not found, "say what changed instead of a session number:\n" + "\n".join(found[:20])
 
 
 def test_the_pattern_catches_the_forms_used_before():
     n = "36"  # kept apart from the word, so that this file passes its own check
     for text in (f"since Session {n}", f"(sessions {n}, 31)", f"the session-{n} default"):
         assert WORD.search(text)
-    assert not WORD.search("this session's run, commit 893716b (2026-11-26)")
+    assert not WORD.search("this session's run, the sessions' records")

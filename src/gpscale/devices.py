@@ -2,26 +2,25 @@ r"""What the training device holds and what keeps it busy: the minibatch of the 
 methods, the memory of the dense baselines, an out-of-memory error in one line.
 
 **Minibatch.** svgp, solvegp and softki train on minibatches of 1,024 (their papers' size) on
-the CPU. A GPU idles at that size: on one H100 (issue #43, a 2·10⁶-row 8-D file) an SVGP epoch
-took 22.6 s at 1,024 and 1.64 s at 16,384 rows, and reached test RMSE 0.2346 in 36 s against
-0.247 in 45 s; SoftKI 15.4 s → 2.69 s per epoch, RMSE 0.2404 → 0.2329. Both at each method's
-default learning rate: Adam's steps do not grow with the batch, and the larger batch only
-lowers the gradient's noise, so the rate stays (the plateau schedule lowers it where a smaller
-one serves). :func:`minibatch_size` gives a GPU the largest power of two up to
+the CPU. A GPU idles at that size: a step costs about the same at a much larger batch, so a
+larger batch cuts an epoch's time by nearly its factor and, in the same time, lowers the test
+error (evidence: docs/notes/benchmarks-2026-12.md, "Evidence moved out of the code"). Both at
+each method's default learning rate: Adam's steps do not grow with the batch, and the larger
+batch only lowers the gradient's noise, so the rate stays (the plateau schedule lowers it where a
+smaller one serves). :func:`minibatch_size` gives a GPU the largest power of two up to
 :data:`GPU_BATCH_SIZE` that leaves at least :data:`MIN_STEPS_PER_EPOCH` steps per epoch, and
 never less than the CPU's batch: 16,384 from 524,288 points, 1,024 below 65,536.
 
 **Inducing points.** The same card has room for more inducing points at nearly the same cost
-per step: the step above cost 13–15 ms at batches of 1,024 and 16,384 alike, while SVGP's and
-SOLVE-GP's arithmetic per step grows as batch · m². With the CPU's sets (SVGP 512, SOLVE-GP
-256 + 256) neither comes within 0.005 of the noise floor of a 2·10⁶-row 8-D field however long
-it trains: at the GPU's batch of 16,384 both converged 0.0053 above it (0.2342 against 0.2289,
-after 27 epochs; the CPU running the GPU's defaults, 2026-11-28). So on a GPU, for one latent
+per step: a step's time barely depends on the batch, while SVGP's and SOLVE-GP's arithmetic
+per step grows as batch · m². With the CPU's sets (SVGP 512, SOLVE-GP 256 + 256) neither reaches
+the noise floor of a large low-dimensional field however long it trains, at the GPU's batch as
+at the CPU's: the inducing set, not the training, limits them. So on a GPU, for one latent
 function (regression), :func:`inducing_options` sizes the sets by :data:`GPU_INDUCING`: SVGP
 1,024 (the SVGP of the CaGP, SoftKI and SOLVE-GP papers, all run on GPUs), SOLVE-GP 512 + 512
 (the same 1,024 basis functions; its paper's 1,024 + 1,024 took 1.5× SVGP-1,000's time per
-step in its CIFAR-10 runs, and the plateau schedule needs ~27 epochs here). SoftKI keeps 512,
-its paper's size on a GPU, which reached 0.004 above the floor on the H100. An option the user
+step in its CIFAR-10 runs, and a larger set needs more epochs to converge). SoftKI keeps 512,
+its paper's size on a GPU, which already comes close to the floor there. An option the user
 gives is never changed.
 
 **Dense baselines.** The exact GP and GPyTorch's CG GP hold several n × n matrices at once.
@@ -66,10 +65,9 @@ min(cap, n / divisor) as the CPU's defaults are min(512, n/2) and min(256, n/4).
 
 DENSE_COPIES = {"exact": 3.5, "cggp": 10.5}
 """n × n matrices of the training dtype each dense baseline holds at its peak (module
-docstring, measured 2026-11-28 at n = 8,000, float64): exact 3.2 in a loss with its backward
-and 2.1 in a conditioning with a prediction (before: 9.1 and 5.2, while the loss's kernel
-matrix and the prediction went through GPyTorch's kernel and caches); cggp 10.1 in a loss
-(GPyTorch's CG and Lanczos on the dense matrix), 2.6 in a prediction. Rounded up."""
+docstring): the larger of the peaks of a loss with its backward and of a conditioning with a
+prediction, rounded up. The exact GP's peak is its loss's; cggp's too (GPyTorch's CG and
+Lanczos on the dense matrix hold several copies)."""
 
 OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
     {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),

@@ -45,10 +45,6 @@ class Predictive:
             )
 
     @property
-    def is_classification(self) -> bool:
-        return self.probs is not None
-
-    @property
     def observed_variance(self) -> Tensor:
         """Variance of y: latent variance plus observation noise (regression only)."""
         if self.noise is None:

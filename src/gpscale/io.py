@@ -7,9 +7,9 @@ and loads the state dict, so predictions are identical. Estimators are saved wit
 parameters, standardising transform and training data.
 
 Files hold data only (:mod:`gpscale.files`: safetensors for the tensors, JSON for the rest), so
-loading a file from a stranger cannot run code. Files of the earlier, pickled formats (before
-2026-11-28) are refused with a line naming ``gpscale convert OLD NEW --trust``: :func:`convert` is
-the one place that unpickles, and only when told the file is trusted.
+loading a file from a stranger cannot run code. Files of the earlier, pickled formats (format
+versions 1 and 2) are refused with a line naming ``gpscale convert OLD NEW --trust``:
+:func:`convert` is the one place that unpickles, and only when told the file is trusted.
 
 File integrity (also for the training checkpoints of ``training.fit``): every file carries a
 format marker, a format version, its kind (``method``, ``estimator``, ``checkpoint``) and the

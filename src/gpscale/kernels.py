@@ -28,7 +28,7 @@ with gradients it runs `compiled`.
 
 ``backend='auto'`` resolves by :func:`select_backend`'s rule. Every product and
 ``kernel_matrix`` takes its distances within reach (:mod:`gpscale.linalg.reach`): a point of
-either set beyond the kernel's reach of the other gets exactly 0 and moves no other (issue #46).
+either set beyond the kernel's reach of the other gets exactly 0 and moves no other.
 """
 
 from __future__ import annotations
@@ -44,15 +44,13 @@ from gpscale.linalg import fused, native, products, reach, triton
 from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk_size
 from gpscale.linalg.operators.block_sparse import BlockSparseActions, symmetric_kernel_product
 from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
-from gpscale.linalg.preconditioners import PivotedCholeskyPreconditioner
 from gpscale.linalg.stationary import stationary_matrix
 from gpscale.typing import Float, Tensor
 
 __all__ = ["AUTO_COMPILE_MIN_ENTRIES", "BACKENDS", "KERNELS", "KernelHyperparameters",
            "dense_kernel_matrix", "inducing_factor", "kernel_block_sparse_matmul",
            "kernel_block_sparse_rect_matmul", "kernel_diag", "kernel_hyperparameters",
-           "kernel_matmul", "kernel_matrix", "kernel_preconditioner", "make_kernel",
-           "select_backend"]
+           "kernel_matmul", "kernel_matrix", "make_kernel", "select_backend"]
 
 _BASE_KERNELS = {
     "rbf": gpytorch.kernels.RBFKernel,
@@ -93,7 +91,7 @@ def kernel_matrix(kernel: Kernel, x1: torch.Tensor, x2: torch.Tensor) -> torch.T
 
     A kernel :func:`kernel_hyperparameters` recognises: one autograd node
     (:func:`~gpscale.linalg.stationary.stationary_matrix`) on inputs centred within reach
-    (:func:`~gpscale.linalg.reach.centre`), so no row changes another's values (issue #46).
+    (:func:`~gpscale.linalg.reach.centre`), so no row changes another's values.
     Others: GPyTorch with ``x2`` first (it centres on its first argument; x2 is the reference
     set, training or inducing points, in this package's calls)."""
     hp = kernel_hyperparameters(kernel)
@@ -144,7 +142,7 @@ def kernel_diag(kernel: Kernel, x: torch.Tensor) -> torch.Tensor:
 def inducing_factor(kernel: InducingPointKernel, x: Tensor) -> Tensor:
     """K(x, z) K_zz^{-1/2} (n, m) for GPyTorch's ``InducingPointKernel``: its cached inverse
     root of K_zz (the basis of its SGPR prediction caches), K(x, z) from :func:`kernel_matrix`
-    (GPyTorch's own centres on x, the test batch; issue #46)."""
+    (GPyTorch's own centres on x, the test batch)."""
     return kernel_matrix(kernel.base_kernel, x, kernel.inducing_points) @ kernel._inducing_inv_root
 
 
@@ -305,10 +303,11 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
 
     With ``x_rows=None`` the training product K(x, x) S: for a kernel
     :func:`kernel_hyperparameters` recognises, on the CPU the native row kernels
-    (:func:`gpscale.linalg.native.symmetric_block_sparse_product`: no tile stored, ~2.7x faster
-    on Protein), else :func:`~gpscale.linalg.operators.block_sparse.symmetric_kernel_product`
-    (tiles of at most ``chunk_size²`` entries, each off-diagonal one used twice, recomputed in
-    backward); on CUDA the Triton kernels (:func:`gpscale.linalg.triton.block_sparse_product`).
+    (:func:`gpscale.linalg.native.symmetric_block_sparse_product`: no tile stored, so
+    faster than tiles that are), else
+    :func:`~gpscale.linalg.operators.block_sparse.symmetric_kernel_product` (tiles of at most
+    ``chunk_size²`` entries, each off-diagonal one used twice, recomputed in backward); on CUDA
+    the Triton kernels (:func:`gpscale.linalg.triton.block_sparse_product`).
     With ``x_rows`` (prediction): :func:`kernel_block_sparse_rect_matmul`. Other
     kernels, or 'eager': row chunks of ``K(x_rows, x)`` (at most ``chunk_size × n`` entries,
     forward and backward) reduced block by block. No n × n tensor exists in any case.
@@ -465,13 +464,3 @@ def _block_sparse_rows(kernel: Kernel, x_rows: Tensor, x: Tensor, actions: Block
 
 _BACKENDS = {"eager": _eager, **{name: _stationary(name) for name in products.BACKENDS}}
 
-
-def kernel_preconditioner(kernel: Kernel, x: torch.Tensor, *, noise: float | torch.Tensor,
-                          rank: int, rtol: float = 0.0) -> PivotedCholeskyPreconditioner:
-    """The pivoted-Cholesky preconditioner of ``K(x, x) + σ² I``, reading the kernel diagonal
-    and ``rank`` rows (x (n, d)); no n × n matrix is formed."""
-    with torch.no_grad():
-        diag = kernel_diag(kernel, x)
-        return PivotedCholeskyPreconditioner.from_rows(
-            diag, lambda i: kernel_matrix(kernel, x[i:i + 1], x)[0], noise=noise, rank=rank,
-            rtol=rtol)

@@ -1,7 +1,6 @@
 """The user's run — what ``gpscale fit`` does — on one dataset: spec → data → method choice
 (``auto``) → training → evaluation → outputs. The benchmark suites (:mod:`gpscale.benchmarks`)
-sit on top of it. (It lived in ``gpscale.benchmarks.runner`` before 0.2.0, which still
-re-exports it.)
+sit on top of it.
 
 ``run(RunSpec(...))`` loads the data (standardised with training statistics), builds and trains
 the method through :mod:`gpscale.training.harness` (test metrics every ``eval_every`` epochs,

@@ -38,7 +38,7 @@ def test_chunked_rows_equal_one_interpolation():
     """SKI's row blocks give the same W v, Wᵀ u and nonzero count as one Interpolation."""
     import torch
 
-    from gpscale.linalg.grid import interpolate, make_grid
+    from gpscale.linalg.interpolation import interpolate, make_grid
 
     grid = make_grid([0.0] * 3, [1.0] * 3, [8, 7, 9])
     g = torch.Generator().manual_seed(0)

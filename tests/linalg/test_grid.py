@@ -7,7 +7,7 @@ import torch
 
 from gpscale.kernels import make_kernel
 from gpscale.linalg.factorized import factorized_cg, span_cg, span_lanczos
-from gpscale.linalg.grid import interpolate, keys_cubic, make_grid
+from gpscale.linalg.interpolation import interpolate, keys_cubic, make_grid
 from gpscale.linalg.solvers.lanczos import lanczos
 from gpscale.linalg.stencil import GramStencil, cell_blocks, pair_offsets
 from gpscale.linalg.toeplitz import grid_kernel

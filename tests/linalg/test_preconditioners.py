@@ -6,7 +6,6 @@ import pytest
 import torch
 from tests.linalg._matrices import rbf_gram, spd, spd_with_spectrum
 
-from gpscale.kernels import kernel_matrix, kernel_preconditioner, make_kernel
 from gpscale.linalg.preconditioners import PivotedCholeskyPreconditioner, pivoted_cholesky
 
 
@@ -76,16 +75,6 @@ def test_samples_have_covariance_p(preconditioner):
     _, P = preconditioner
     Z = P.sample(40_000, torch.Generator().manual_seed(5))
     torch.testing.assert_close(Z @ Z.mT / 40_000, _dense(P), rtol=0, atol=0.03)
-
-
-def test_from_kernel_equals_from_matrix(generator):
-    """Reading kernel rows gives the factor of the dense kernel matrix."""
-    kernel = make_kernel("matern52", 2).double()
-    x = torch.randn(25, 2, generator=generator)
-    K = kernel_matrix(kernel, x, x).detach()
-    from_kernel = kernel_preconditioner(kernel, x, noise=0.01, rank=5)
-    from_matrix = PivotedCholeskyPreconditioner.from_matrix(K, noise=0.01, rank=5)
-    torch.testing.assert_close(from_kernel.L, from_matrix.L, rtol=1e-12, atol=1e-12)
 
 
 def test_nonpositive_noise_raises(generator):

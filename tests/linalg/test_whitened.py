@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpscale.linalg.factorized import factorized_cg
-from gpscale.linalg.grid import interpolate, make_grid
+from gpscale.linalg.interpolation import interpolate, make_grid
 from gpscale.linalg.stencil import GramStencil, pair_offsets
 from gpscale.linalg.toeplitz import grid_kernel
 from gpscale.linalg.whitened import (

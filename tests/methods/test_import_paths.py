@@ -1,4 +1,4 @@
-"""The import paths users had before the families became packages (issue #45) still work."""
+"""Each family package exports its public names, and registers its method keys."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import importlib
 
 import pytest
 
-# Each former module and the public names it had: its __all__ and the constants it defined.
-FORMER = {
+# Each family package and the public names it exports (in its __all__).
+PUBLIC = {
     "gpscale.methods.cagp": [
         "OBJECTIVES", "CaGP", "CaGPState", "IterativePosterior", "build_cagp_cg",
         "build_cagp_opt", "action_gram", "gram_cholesky", "iterative_posterior", "kernel_times",
@@ -27,30 +27,15 @@ FORMER = {
         "OBJECTIVES", "ORTHOGONAL_Q", "InducingFactors", "Projections", "SolveGP",
         "SolveGPState", "WhitenedQ", "build_solvegp", "collapsed_bound", "gauss_hermite",
         "kl_whitened", "optimal_q_u", "optimal_q_v", "DEFAULT_JITTER", "TASKS"],
-    "gpscale.methods.cagp_sharded": [
-        "ShardedCaGPLoss", "ShardedCaGPState", "condition", "expected_log_lik", "kl", "loss",
-        "predict", "projected_nll"],
-    "gpscale.methods.ggp_sharded": [
-        "DEFAULT_CHUNK", "ShardedGGPLoss", "predict", "reduce_statistics", "shard_statistics",
-        "statistics"],
 }
-MOVED = {"gpscale.methods.cagp_sharded": "gpscale.methods.cagp.sharded",
-         "gpscale.methods.ggp_sharded": "gpscale.methods.ski.sharded"}
 
 
-@pytest.mark.parametrize("path", sorted(FORMER))
-def test_a_former_module_path_imports_with_its_public_names(path):
+@pytest.mark.parametrize("path", sorted(PUBLIC))
+def test_a_family_package_exports_its_public_names(path):
     module = importlib.import_module(path)
-    missing = sorted(name for name in FORMER[path] if not hasattr(module, name))
+    missing = sorted(name for name in PUBLIC[path] if not hasattr(module, name))
     assert not missing, f"{path} lost {missing}"
-    assert set(FORMER[path]) <= set(module.__all__)
-
-
-@pytest.mark.parametrize("path", sorted(MOVED))
-def test_a_former_data_parallel_path_re_exports_the_same_objects(path):
-    former, home = importlib.import_module(path), importlib.import_module(MOVED[path])
-    assert all(getattr(former, name) is getattr(home, name) for name in home.__all__)
-    assert sorted(former.__all__) == sorted(home.__all__)
+    assert set(PUBLIC[path]) <= set(module.__all__)
 
 
 def test_each_key_is_registered_by_its_family_package():

@@ -35,7 +35,7 @@ from gpscale.benchmarks.memory import current_rss_mb, peak_memory_mb, peak_rss_m
 from gpscale.benchmarks.report import write_results
 from gpscale.data.synthetic import FieldStream, noisy_sine
 from gpscale.linalg.factorized import factorized_cg
-from gpscale.linalg.grid import interpolate, make_grid
+from gpscale.linalg.interpolation import interpolate, make_grid
 from gpscale.linalg.solvers.cg import ConjugateGradient
 from gpscale.linalg.stencil import pair_offsets
 from gpscale.linalg.toeplitz import grid_kernel
@@ -81,9 +81,9 @@ def _in_memory(data):
 class _ChunkedRows:
     """W of SKI as row blocks of :func:`interpolate` (at most ``chunk`` rows each).
 
-    The same products as one :class:`~gpscale.linalg.grid.Interpolation`, but building W and
-    each product hold temporaries for one block only: at n = 10⁷, d = 3 (64 entries per row) W
-    alone is 10 GB, and the one-shot build or gather would need twice that.
+    The same products as one :class:`~gpscale.linalg.interpolation.Interpolation`, but building
+    W and each product hold temporaries for one block only: at n = 10⁷, d = 3 (64 entries per row)
+    W alone is 10 GB, and the one-shot build or gather would need twice that.
     """
 
     def __init__(self, grid, x: torch.Tensor, chunk: int = 10**6):

@@ -53,7 +53,7 @@ def _data_option(text: str) -> tuple[str, Any]:
 
 
 def _add_fit_flags(p: argparse.ArgumentParser) -> None:
-    from gpscale.training.config import MAX_LR
+    from gpscale.cli.checks import LearningRateFlag
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="dataset name (see `gpscale datasets`)")
@@ -67,8 +67,7 @@ def _add_fit_flags(p: argparse.ArgumentParser) -> None:
                    "and memory, with the reason printed (README: which method when)")
     method_default = "default: the method's (see `gpscale methods KEY`)"
     p.add_argument("--epochs", type=int, help=f"most training epochs; {method_default}")
-    p.add_argument("--lr", type=float,
-                   help=f"initial learning rate, in (0, {MAX_LR:g}]; {method_default}")
+    p.add_argument("--lr", type=float, action=LearningRateFlag, help=method_default)
     p.add_argument("--batch-size", type=int,
                    help=f"minibatch size (a size ≥ n trains full batch); {method_default}")
     p.add_argument("--optimizer", choices=["adam", "lbfgs"], help=method_default)

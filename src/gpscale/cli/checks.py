@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any
 
-__all__ = ["env_number", "env_threads", "check_fit_flags", "MAX_SEED"]
+__all__ = ["env_number", "env_threads", "check_fit_flags", "LearningRateFlag", "MAX_SEED"]
 
 MAX_SEED = 2**63 - 1
 """The largest ``--seed`` or ``--split``: torch's generators take a seed below 2**64, and the
@@ -47,6 +47,25 @@ def env_threads() -> int | None:
             threads, cpus, cpus)
         threads = cpus
     return threads
+
+
+class LearningRateFlag(argparse.Action):
+    """``fit --lr``: stored as given (a float); its help names the bound :func:`check_fit_flags`
+    applies, read only when the help is shown: ``gpscale.training`` imports torch, which building
+    the parser for ``gpscale --version`` or ``--help`` does without."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+
+    @property
+    def help(self) -> str:
+        from gpscale.training.config import MAX_LR
+
+        return f"initial learning rate, in (0, {MAX_LR:g}]; {self.help_tail}"
+
+    @help.setter
+    def help(self, tail: str) -> None:  # argparse's help=...: the text after the bound
+        self.help_tail = tail
 
 
 def check_fit_flags(args: argparse.Namespace) -> None:

@@ -39,10 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpscale.data.csv_arrow import read_csv_columns
 from gpscale.data.datasets import TASKS, Dataset, standardized_dataset
 from gpscale.data.lines import _NAMES, Table, check_header, read_lines, target_index
-from gpscale.data.readers import file_format, read_npy, read_parquet
 from gpscale.data.splits import random_split
 from gpscale.regular_files import check_regular
 from gpscale.validation import check_class_labels
@@ -50,8 +48,6 @@ from gpscale.validation import check_class_labels
 __all__ = ["load_csv", "load_table", "read_table", "Table", "numeric_columns"]
 
 log = logging.getLogger("gpscale.data")
-
-_target_index = target_index  # the name used before target_index moved to gpscale.data.lines
 
 
 def read_table(path: str | Path, *, delimiter: str | None = None,
@@ -76,6 +72,10 @@ def read_table(path: str | Path, *, delimiter: str | None = None,
 
 def _read(path: Path, delimiter: str | None, header: str | int | None,
           target: str | int | None = None, labels: bool = False) -> Table:
+    # the column-wise readers import pyarrow (a second to import): only when a file is read
+    from gpscale.data.csv_arrow import read_csv_columns
+    from gpscale.data.readers import file_format, read_npy, read_parquet
+
     check_header(header)
     kind = file_format(path)
     check_regular(path)  # a named pipe or a device is refused before it is opened

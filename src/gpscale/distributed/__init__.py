@@ -1,4 +1,4 @@
-"""Data-parallel training and inference on ``torch.distributed`` (issue #8).
+"""Data-parallel training and inference on ``torch.distributed``.
 
 Each rank (process) holds a contiguous shard of the training set; every loss term of the
 supported methods is a sum over data points or a small dense matrix, so ranks compute their

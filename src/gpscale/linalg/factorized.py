@@ -10,7 +10,8 @@ n-dimensional work, so an iteration costs O(m log m + m 7^d) whatever n is:
   columns).
 - :func:`span_lanczos`: Lanczos started from a vector in span(W), for low-rank (LOVE) variances.
 
-The grid structures (W, K_G, the WᵀW stencil) are in :mod:`gpscale.linalg.grid`.
+The grid structures are in :mod:`gpscale.linalg.interpolation` (W), :mod:`gpscale.linalg.toeplitz`
+(K_G) and :mod:`gpscale.linalg.stencil` (the WᵀW stencil).
 """
 
 from __future__ import annotations

@@ -52,9 +52,9 @@ TILE_ENTRIES = 2**20
 
 TILE_ENTRIES_GPU = 2**26
 """Kernel entries per tile on a GPU (256 MiB in float32). Every tile costs a few kernel launches
-and a Python step whatever its size, so cache-sized tiles leave a GPU waiting on the host: an H100
-spent 1.4 s per Protein epoch on 1024² tiles. Capped by :func:`tile_entries` at a sixteenth of
-the device's free memory."""
+and a Python step whatever its size, so cache-sized tiles leave a GPU waiting on the host, and
+a tile this large spreads that cost over enough work to keep it busy. Capped by
+:func:`tile_entries` at a sixteenth of the device's free memory."""
 
 DEFAULT_ROWS = 2048
 """Default rows of ``x1`` per chunk for the fused paths on the CPU (a tile never exceeds
@@ -160,7 +160,7 @@ def inner_products(z1: Tensor, z2: Tensor, out: Tensor, exact: int = 0) -> Tenso
 
 def _sqdist(P: Tensor, sq1: Tensor, sq2: Tensor) -> Tensor:
     # Clamped above at FAR_SQDIST, where every profile is already exactly 0: an overflowed D² = ∞
-    # then gives φ = 0 (its limit) instead of Matérn's ∞ · 0 = NaN (issue #46); same cost.
+    # then gives φ = 0 (its limit) instead of Matérn's ∞ · 0 = NaN; same cost.
     return (sq1 + sq2 - 2.0 * P).clamp(0.0, FAR_SQDIST)  # (B, c, w)
 
 
@@ -224,10 +224,15 @@ PROFILES: dict[str, tuple[Callable, Callable]] = {
 }
 """Profile name → (value function, value-and-vjp function) on tiles of inner products."""
 
-# The failures torch.compile reports when it cannot build a kernel (no C++ compiler, an
-# unsupported platform, a backend bug); anything else is a genuine error and propagates.
-_COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError,
-                   OSError)
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    """The failures torch.compile reports when it cannot build a kernel (no C++ compiler, an
+    unsupported platform, a backend bug); anything else is a genuine error and propagates."""
+    # imported on first use: torch._dynamo takes seconds to import
+    import torch._dynamo.exc
+    import torch._inductor.exc
+
+    return (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError, OSError)
 
 
 COMPILE_IN_BACKGROUND = True
@@ -253,7 +258,8 @@ class _CompiledFunction:
     def __init__(self, fn: Callable, compiler: Callable = torch.compile,
                  ahead: Callable = compile_ahead.submit):
         self.fn = fn
-        self.compiled = compiler(fn, dynamic=True)
+        self.compiler = compiler
+        self.compiled: Callable | None = None  # wrapped on the first compiled call
         self.ahead = ahead
         self.failed = False
         self.ready = False
@@ -277,9 +283,11 @@ class _CompiledFunction:
         return self.job.done
 
     def _try_compiled(self, args: tuple):
+        if self.compiled is None:  # torch.compile imports torch._dynamo (seconds)
+            self.compiled = self.compiler(self.fn, dynamic=True)
         try:
             out = self.compiled(*args)
-        except _COMPILE_ERRORS as exc:
+        except _compile_errors() as exc:
             self._report(exc)
             return self.fn(*args)
         self.ready = True

@@ -1,8 +1,26 @@
-r"""Regular grids and the local interpolation W of structured kernel interpolation (notes/002
-§3): the part of :mod:`gpscale.linalg.grid` that the stencil WᵀW
-(:mod:`gpscale.linalg.stencil`) and the grid kernel K_G (:mod:`gpscale.linalg.toeplitz`) build
-on, kept apart so that those modules import it and :mod:`gpscale.linalg.grid` re-exports all
-three without an import cycle. The names are documented in :mod:`gpscale.linalg.grid`.
+r"""Regular grids and local interpolation W (notes/002 §3).
+
+Structured kernel interpolation (Wilson & Nickisch 2015) approximates K_X ≈ W K_G Wᵀ; Yadav,
+Sheldon & Musco (2021, "Faster Kernel Interpolation for Gaussian Processes", notes/002) run its
+solvers on the sufficient statistics WᵀW, Wᵀy instead. This module holds the grid and W:
+
+- :class:`Grid`: per dimension j, ``sizes[j]`` equally spaced nodes ``start_j + k h_j``, row-major
+  linear index (first dimension slowest, notes §3.1). :func:`make_grid` pads the data box
+  [lower, upper] with ``r`` nodes on each side (cubic r = 2, linear r = 1), so every point in
+  [lower − h, upper + h) has all its neighbours: rows are never truncated (the reference code drops
+  out-of-range neighbours, rows then sum to ≈ 1.018, notes §3.2). Points outside raise ValueError.
+- :func:`interpolate` → :class:`Interpolation`: W as (n, s^d) node indices and weights, s = 4 (Keys
+  cubic convolution, a = −0.5) or 2 (linear); the d-dimensional row is the Kronecker product of
+  the 1-D rows. ``W v`` is a gather, ``Wᵀ u`` a scatter-add: O(n s^d). Never dense.
+
+The structures built on them live beside it: the stencil WᵀW
+(:class:`~gpscale.linalg.stencil.GramStencil`) in :mod:`gpscale.linalg.stencil` and the grid
+kernel K_G (:class:`~gpscale.linalg.toeplitz.GridKernel`, FFT products) in
+:mod:`gpscale.linalg.toeplitz`, which both import this module; the solvers that run on
+(K_G, WᵀW) alone in :mod:`gpscale.linalg.factorized`.
+
+Everything computed from data (weights, statistics) is float64 (the m-dimensional solves are
+float64, notes §9.2).
 """
 
 from __future__ import annotations

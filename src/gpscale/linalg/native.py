@@ -3,8 +3,8 @@ dense product K V (:func:`dense_product`).
 
 The tile path (:func:`gpscale.linalg.operators.block_sparse.symmetric_kernel_product`) forms
 each tile's kernel entries through ``torch`` operations: the backward pass evaluates every tile
-twice and multiplies the tile's adjoint by the inputs in two more passes over 4 MB tiles, so on
-Protein (n = 41,157, i = 512) the backward costs 10.7 s against the forward's 2.0 s. The C
+twice and multiplies the tile's adjoint by the inputs in two more passes over 4 MB tiles, so
+its backward costs several forwards, most of it in memory traffic. The C
 functions in ``native_source.c`` instead walk each row against all columns in cache-sized
 chunks and do all of a row's work (distances, profile, block reductions, and in the adjoint the
 action and input gradients) in one pass, never storing a tile.
@@ -61,16 +61,13 @@ _SPAN_BYTES = 256 * 1024
 sides and, in a mirrored tile, its outputs stay in L2 while all rows of the task pass)."""
 BLOCK_SPARSE_MAX_DIMS = 256
 """Input dimensions up to which ``kernel_block_sparse_matmul``'s 'auto' takes the native row
-kernels. Forward and backward of K S (n = 6,000, i = 256, float32) took, native against
-compiled: 0.42 / 1.51 s at d = 26, 1.62 / 2.03 s at d = 256, 2.74 / 2.62 s at d = 384, and
-5.25 / 1.24 s at d = 784 (MNIST's pixels)."""
+kernels. Their distances cost O(d) per entry in scalar loops, the compiled tiles' a GEMM, so
+the native kernels win at small d and the compiled ones at large d; this is where their forward
+and backward of K S took about the same time."""
 DENSE_MAX_DIMS = 384
 """Input dimensions up to which ``kernel_matmul``'s 'auto' takes :func:`dense_product`: its
-distances cost O(d) per entry in scalar loops, the compiled tiles' a GEMM. K(x1, x2) V with
-2,000 × 8,000 points and 10 right-hand sides (float32, commit 504c692 of 2026-11-27): native
-0.01 / 0.15 / 0.14–0.23 / 0.31–0.42 s at d = 8 / 128 / 256 / 384, compiled 0.29 / 0.36 /
-0.60–0.87 / 0.80–0.85 s; at d = 512 0.29–0.64 against 0.25–0.33 s, at d = 784 (MNIST's pixels)
-0.54–0.76 against 0.38–0.46 s."""
+distances cost O(d) per entry in scalar loops, the compiled tiles' a GEMM: native is faster
+up to here and the compiled tiles beyond."""
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None

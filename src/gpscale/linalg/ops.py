@@ -44,8 +44,9 @@ QUIET_JITTER = 10.0
 """A jitter of at most this many times :data:`JITTER_START` (relative to the mean diagonal:
 1e-7 in float64, 1e-5 in float32) is the matrix's own rounding made explicit and changes no
 result a user can see: :func:`safe_cholesky` logs it at debug level (logger
-``gpscale.linalg``). A larger one is a ``RuntimeWarning`` (issue #44: a newcomer's ``make demo``
-printed five warnings about SoftKI's 1e-8 jitters)."""
+``gpscale.linalg``). A larger one is a ``RuntimeWarning``: warning about every small jitter
+would bury the warnings that matter under routine ones (SoftKI adds such jitters at every
+step)."""
 
 log = logging.getLogger("gpscale.linalg")
 

@@ -1,4 +1,4 @@
-r"""The reach of a stationary kernel: where every kernel value is exactly 0 (issue #46).
+r"""The reach of a stationary kernel: where every kernel value is exactly 0.
 
 A stationary profile :math:`\varphi(D^2)` of the scaled squared distance
 :math:`D^2 = \lVert (x - x')/\ell \rVert^2` underflows to exactly 0, in float32 and in float64,

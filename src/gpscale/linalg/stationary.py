@@ -40,8 +40,8 @@ def stationary_matrix(z1: Tensor, z2: Tensor, outputscale: Tensor, profile: str,
 
 ROW_BLOCK_ENTRIES = 2**22
 """Entries (rows × n2) of the row blocks the profile and its backward work on: their
-temporaries stay a few such blocks, not n1 × n2 each (an exact GP's loss with its backward
-peaked at 8 n × n float64 matrices with whole-matrix temporaries, issue #43)."""
+temporaries stay a few such blocks, not n1 × n2 each (with whole-matrix temporaries an exact GP's
+loss with its backward held several n × n matrices at its peak)."""
 
 
 def _row_blocks(n1: int, n2: int) -> list[slice]:

@@ -6,7 +6,7 @@ r"""The kernel K_G on a regular grid and its FFT products (notes/002 §3.3).
   with d > 1 is stationary but not a product, so K_G is multilevel (block) Toeplitz and acts by a
   d-dimensional FFT of the embedding (size 2^d m): O(2^d m log m). The output scale s multiplies
   once (the reference code applies it per factor, s^d: notes §3.3, §11.16).
-- :func:`grid_kernel` builds it from a :class:`~gpscale.linalg.grid.Grid` and the kernel's
+- :func:`grid_kernel` builds it from a :class:`~gpscale.linalg.interpolation.Grid` and the kernel's
   hyperparameters, differentiably.
 
 The kernel factors follow the hyperparameters' dtype upcast to float64 (the m-dimensional solves

@@ -5,8 +5,7 @@ and ``baselines`` (GPyTorch's models) — whose ``__init__`` says which file hol
 them the modules every family shares: ``base`` (the Method contract), ``options`` (declared
 options), ``registry`` (method keys), ``auto`` (``method="auto"``) and ``_common`` (prior and
 inducing-point set-up, memory limits). A family imports the shared modules, never another
-family. ``cagp_sharded`` and ``ggp_sharded`` re-export the data-parallel modules from their
-former paths.
+family.
 
 Importing this package registers the built-in keys: each family registers its own with
 :func:`~gpscale.methods.registry.register` when it is imported below (the registry itself imports

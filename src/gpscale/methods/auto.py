@@ -1,36 +1,35 @@
 """``method="auto"``: pick a method key from the task, the data's size and the machine's memory.
 
 The rules are the README's "which method when" table, and each comes from a measurement in
-BENCHMARKS.md (all with each method's defaults, on a 2-core CPU):
+BENCHMARKS.md (all with each method's defaults, on a CPU; the figures are in
+docs/notes/benchmarks-2026-12.md, "Evidence moved out of the code"):
 
 =====================  ===============================  ==========================================
 task                   data                             method and why
 =====================  ===============================  ==========================================
 regression             n ≤ 2,000 (n×n fits in memory)   ``exact``: the reference, seconds at this n
 regression             d ≤ 3                            ``ggp``: grid interpolation, each solver
-                                                        iteration O(m log m) whatever n is; equal
-                                                        to the exact GP's RMSE on 2-D fields
+                                                        iteration O(m log m) whatever n is; as
+                                                        accurate as the exact GP on
+                                                        low-dimensional fields
 regression             n ≤ 50,000, probe ratio          ``svgp``: a probe (an exact GP on 1,000
-                       ρ < 1.6                          points, 2–5 s; :class:`Probe`) finds
+                       ρ < 1.6                          points, seconds; :class:`Probe`) finds
                                                         that 512 inducing points miss little
                                                         beside the error that GP makes; there
-                                                        CaGP-Opt was at most 5.7 % more
-                                                        accurate for 1–9× the time; SVGP
-                                                        converged in 40–140 s
+                                                        CaGP-Opt is at most a few percent more
+                                                        accurate for several times the time,
+                                                        and SVGP converges in minutes
 regression             n ≤ 50,000, otherwise            ``cagp-opt``: best or near-best test NLL
                                                         and RMSE on targets a small exact GP
-                                                        predicts closely (ρ ≥ 1.6; Parkinsons NLL
-                                                        −3.40 vs SVGP −2.01; Bike RMSE 0.018 vs
-                                                        0.045;
-                                                        relevant32 RMSE 0.115, the best key);
-                                                        above 10,000 points it starts from an
-                                                        exact-GP pre-fit
+                                                        predicts closely (ρ ≥ 1.6), where the
+                                                        inducing points' error would dominate
+                                                        SVGP's; above 10,000 points it starts
+                                                        from an exact-GP pre-fit
 regression             larger n                         ``solvegp``: minibatch, two inducing sets;
-                                                        SVGP-512's NLL on five UCI sets at
-                                                        0.6–0.8× its step time; learns which
-                                                        inputs matter (``relevant32``)
+                                                        SVGP-512's NLL at a lower step time;
+                                                        learns which inputs matter
 classification         n·C ≤ 200,000                    ``iterncgp``: computation-aware Laplace,
-                                                        MNIST 8k in 3 min, accuracy 0.945
+                                                        minutes at this size
 classification         larger                           ``svgp``: minibatch, O(M³) per step
 counts                 any n                            ``iterncgp`` (Poisson): the only key
 =====================  ===============================  ==========================================
@@ -66,14 +65,11 @@ EXACT_MAX_N = 2_000
 GRID_MAX_DIMS = 3
 """Largest input dimension for grid interpolation (m grows as grid_size^d)."""
 CAGP_MAX_N = 50_000
-"""Largest n for CaGP-Opt (an epoch is O(n²·i): 5 s at 41k points, 17 s at 57k here), where the
-probe (:data:`PROBE_RATIO_MIN`) finds a target a small exact GP predicts closely. With the
-exact-GP pre-fit above 10,000 points (commit 4a9a8a4, 2026-11-26) its defaults beat SOLVE-GP's
-in the 300 s budget on Bike (16k; test NLL −2.229 vs −1.384) and Kin40k (36k; −0.451 vs
-−0.126). At KEGGu (57k, 18 epochs in the budget) they tie, −0.698 vs −0.703, and SOLVE-GP
-converged in 71 s against CaGP-Opt's 93 s pre-fit + 300 s: above 50,000 points SOLVE-GP, whose
-cost per step does not grow with n. Before the pre-fit (commits 1d5d85d, 4ebbc67 of 2026-11-26)
-the boundary was 10,000."""
+"""Largest n for CaGP-Opt (an epoch is O(n²·i)), where the probe (:data:`PROBE_RATIO_MIN`) finds
+a target a small exact GP predicts closely. Starting from the exact-GP pre-fit
+(:data:`~gpscale.methods.options.AUTO_PREFIT_MIN_POINTS`), its defaults beat SOLVE-GP's in the
+default time budget up to here. Beyond it the budget holds too few of its epochs: the two tie,
+and SOLVE-GP, whose cost per step does not grow with n, gets there sooner."""
 ITERNCGP_MAX_NC = 200_000
 """Largest n·C (latent function values) for IterNCGP; SVGP beyond."""
 EXACT_MEMORY_COPIES = 4
@@ -82,21 +78,20 @@ GPU_EXACT_MEMORY_FRACTION = 0.8
 """On a GPU ``auto`` takes the exact GP while its matrices need at most this fraction of the
 free memory (the rest for the caching allocator's fragments and the kernel's row blocks)."""
 CAGP_MAX_N_GPU = 200_000
-"""Largest n for CaGP-Opt on a GPU. Its epoch costs O(n²·i) kernel entries, and on one H100 an
-epoch is 20–50× cheaper than on the 2-core CPU (issue #43: Protein, 0.21 s against 5 s):
-at 4× the CPU's :data:`CAGP_MAX_N` an epoch costs 16× the work, so the GPU fits at least as
-many epochs in the budget as the CPU does at its boundary. Not yet measured on a card."""
+"""Largest n for CaGP-Opt on a GPU. Its epoch costs O(n²·i) kernel entries, and a GPU computes
+an epoch more than 16× faster than a CPU: at 4× the CPU's :data:`CAGP_MAX_N` an epoch costs 16×
+the work, so the GPU fits at least as many epochs in the budget as the CPU does at its boundary.
+An extrapolation from the epoch's cost, not a boundary measured on a card."""
 
 PROBE_RATIO_MIN = 1.6
 """Least probe ratio ρ — the mean Nyström residual of SVGP's 512 inducing points over the
 held-out squared error of an exact GP on 1,000 points, both at that GP's hyperparameters
 (:class:`Probe`) — for which ``auto`` takes CaGP-Opt over SVGP between the exact GP's and
-SOLVE-GP's ranges. Measured with both keys' defaults on twelve sets (BENCHMARKS "auto on the
-clock"): where ρ ≤ 1.42 CaGP-Opt's test RMSE was between 4.8 % worse and 5.7 % better than
-SVGP's, at 1.0–9× its time; where ρ ≥ 1.86 (Kin40k, relevant32, Parkinsons, Bike) 11–82 %
-better at 1.7–2.9× its time. Below the boundary SVGP, which converged in 40–140 s on those
-sets, is the faster key for about the same accuracy. The gap the boundary sits in (1.42 to
-1.86) is narrow: more sets would place it better."""
+SOLVE-GP's ranges, measured with both keys' defaults (BENCHMARKS "auto on the clock"). Where
+the inducing points miss little (small ρ) CaGP-Opt is about as accurate as SVGP for more time,
+so SVGP, the faster key, serves; where they miss more than the exact GP's own error, CaGP-Opt is
+clearly more accurate at a few times SVGP's time. The boundary sits in the gap between the
+sets measured on either side; more sets would place it better."""
 
 RULES: tuple[tuple[str, str, str], ...] = (
     ("regression", f"n ≤ {EXACT_MAX_N:,} and n×n fits in memory (on a GPU: any n whose "
@@ -257,10 +252,9 @@ def _beyond_exact(why: str, n: int, d: int, cagp_max_n: int, probe: Probe | None
                   "after an exact-GP pre-fit, --method svgp converges sooner")
         return Choice("cagp-opt", why + f"{band}{seen}: cagp-opt (computation-aware, most "
                                         f"accurate at this size{slower})")
-    # Not softki yet. With held-out rows (2026-11-28) its defaults matched or beat SOLVE-GP's
-    # on the two sets above 50,000 rows measured (KEGGu RMSE 0.116 vs 0.126 at 1.3x the time;
-    # the 8-D field at 9e4 rows 0.2408 vs 0.2412 at 0.8x), but SOLVE-GP learns relevant32's
-    # inputs better (0.128 vs 0.142): two sets do not yet decide a default.
+    # Not softki yet: with held-out rows its defaults match or beat SOLVE-GP's on the large sets
+    # measured, but SOLVE-GP learns which inputs matter better, and too few sets have been
+    # measured to decide a default (evidence: docs/notes/benchmarks-2026-12.md).
     return Choice("solvegp", why + f"d = {d} > {GRID_MAX_DIMS} and n > {cagp_max_n:,}: solvegp "
                                    "(minibatch, two inducing sets)")
 

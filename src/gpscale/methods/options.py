@@ -303,11 +303,9 @@ PRIOR_OPTIONS = prior_options_with()
 
 AUTO_PREFIT_MIN_POINTS = 10_000
 """``prefit='auto'`` pre-fits above this many training points. Below it CaGP-Opt's O(n²) epoch is
-cheap enough for ~700–1,000 epochs in the 300 s budget and its default start ends better
-(Parkinsons, n = 5,287: test NLL −3.40 against −3.31 from the pre-fit; ``relevant32``,
-n = 3,000: RMSE 0.115 against 0.139); above it the budget holds 70–250 epochs and the pre-fit
-wins (Elevators 0.443 → 0.428, Kin40k 0.065 → −0.45, Protein 1.062 → 0.928; BENCHMARKS
-"defaults")."""
+cheap enough for many hundreds of epochs in the default budget, and its default start, trained
+that long, ends better than the pre-fit's; above it the budget holds too few epochs to get far
+from the default start, and the pre-fit wins (BENCHMARKS "defaults")."""
 
 PREFIT_OPTIONS = (
     Option("prefit", "str", "auto", "exact: start the lengthscales, outputscale and noise not "

@@ -196,8 +196,8 @@ PAPER_DEFAULTS: dict[str, FitConfig] = {
     "softki": _MINIBATCH,
     # CaGP, Table S1: Adam in float32 with LinearLR(end_factor=0.1), full batch; lr 0.1 is the
     # middle of the paper's sweep {1, 0.1, 0.01}. The paper runs 1000 (CaGP-Opt) and 250
-    # (CaGP-CG) epochs on a GPU; on a 2-core CPU one CaGP-Opt epoch at n = 15k, i = 512 takes
-    # ~2–4 s and one CaGP-CG epoch minutes, hence 200 and 50.
+    # (CaGP-CG) epochs on a GPU; on a CPU a CaGP-Opt epoch at ten thousand points or more takes
+    # seconds and a CaGP-CG epoch minutes, hence 200 and 50.
     "cagp-opt": FitConfig(lr=0.1, epochs=200, scheduler="linear", lr_end_factor=0.1,
                           dtype="float32"),
     "cagp-cg": FitConfig(lr=0.1, epochs=50, scheduler="linear", lr_end_factor=0.1,
@@ -234,25 +234,23 @@ METHOD_DEFAULTS: dict[str, FitConfig] = {
         # Table 1 of the CaGP paper: the best SVGP learning rate is 0.1 or 0.01 by data set; start
         # high (ARD lengthscales of unimportant inputs need large steps) and let plateaus lower it.
         ("svgp", 0.1), ("solvegp", 0.1),
-        # SoftKI: 3× the paper's 0.01. Under the plateau schedule 0.01 stopped short (test NLL
-        # Parkinsons −1.96, Protein 1.034: behind SVGP's by > 0.05); 0.03 reaches −2.26,
-        # 1.019, Kin40k −0.26 (was −0.19), relevant32 RMSE 0.137 (was 0.148), at a small cost
-        # on Elevators (0.473 → 0.480) and Bike (−2.33 → −2.30); 0.1 was worse on relevant32
-        # (0.147). BENCHMARKS "defaults".
+        # SoftKI: 3× the paper's 0.01. Under the plateau schedule 0.01 stops short, behind
+        # SVGP's test NLL; 0.03 gains clearly on most sets at a small cost on a few, and 0.1
+        # overshoots (BENCHMARKS "defaults").
         ("softki", 0.03),
         # CaGP-Opt and CaGP-CG train best at lr 1.0 on most sets of Table 1 (0.1 on Protein,
         # which the plateau schedule reaches); a failed first step backs off by 0.3. (With
         # CaGP-Opt's opt-in ``-o prefit=exact`` use ``--lr 0.1``: lr 1.0 throws the pre-fitted
-        # values away in its first steps, Kin40k NLL 9.8 against 0.1's −0.52.)
+        # values away in its first steps.)
         ("cagp-opt", 1.0), ("cagp-cg", 1.0),
         ("ski", 0.05), ("ggp", 0.05))},
 }
 """Each method key's default training settings (the ``default`` preset): stop on convergence
 within :data:`DEFAULT_BUDGET_S`; a key not listed trains with ``FitConfig()``."""
 
-# The exact GP: its loss and gradient are deterministic and an evaluation costs O(n³) (8 s at
-# n = 5,287), so L-BFGS with a line search is far ahead of Adam per evaluation — Parkinsons
-# in 300 s: test NLL −3.09 against Adam's −1.24 (BENCHMARKS "defaults"). Five iterations per
+# The exact GP: its loss and gradient are deterministic and an evaluation costs O(n³) (seconds
+# at a few thousand points), so L-BFGS with a line search is far ahead of Adam per evaluation
+# within the time budget (BENCHMARKS "defaults"). Five iterations per
 # epoch keep the time budget checked often; a plateau of 2 epochs is 10 iterations.
 METHOD_DEFAULTS["exact"] = replace(METHOD_DEFAULTS["exact"], optimizer="lbfgs", lr=1.0,
                                    lbfgs_max_iter=5, patience=2)

@@ -4,8 +4,8 @@ the inducing points miss would dominate the test error.
 
 An exact GP is fitted to :data:`PROBE_POINTS` random training points (the pre-fit's code,
 :func:`gpscale.training.prefit.exact_prefit`, with its held-out choice of the noise, stopping
-once its loss gains less than its noise: 2–5 s here, where running its 30 epochs out took 4
-minutes on Parkinsons), and its mean squared error on up to 500 other training points is the
+once its loss gains less than its noise: seconds, where running its epochs out takes
+minutes), and its mean squared error on up to 500 other training points is the
 probe's ``error``. At its hyperparameters, :data:`PROBE_INDUCING` k-means centres of the
 training inputs (SVGP's default inducing points and their initialisation) leave a Nyström
 residual k(x, x) − k_xZ K_ZZ⁻¹ k_Zx at each training point; its mean over up to
@@ -40,7 +40,7 @@ __all__ = ["inducing_probe", "mean_nystrom_residual", "PROBE_POINTS", "PROBE_IND
 log = logging.getLogger("gpscale.fit.prefit")
 
 PROBE_POINTS = 1000
-"""Training points of the probe's exact GP (2–7 s here with d = 8–32)."""
+"""Training points of the probe's exact GP (a few seconds on a CPU)."""
 PROBE_INDUCING = 512
 """Inducing points whose residual the probe measures: SVGP's and SOLVE-GP's default count."""
 RESIDUAL_POINTS = 2000

@@ -23,9 +23,9 @@ With a ``patience`` and a schedule other than ``plateau``, a plateau stops train
 
 An epoch of more than :data:`WINDOW_STEPS` minibatch steps is judged in *windows* of that many
 steps instead (the mean loss of each window against the best window's, patience rounded up to
-whole windows), so the learning rate can fall and training can converge within an epoch: at
-n = 2·10⁶ and batch 1024 an epoch takes ~2 minutes, and a test made once per epoch held SVGP at
-its initial learning rate for its whole 300 s budget (test RMSE 0.036 above the noise floor).
+whole windows), so the learning rate can fall and training can converge within an epoch: on
+millions of rows an epoch takes minutes, and a test made once per epoch held SVGP at its initial
+learning rate for its whole budget, well above the noise floor.
 The training loop then also checks its time budget after every window.
 
 **The loss's noise** (``FitConfig.noise_plateau``, on in every method's defaults; full-batch
@@ -36,16 +36,16 @@ on new data it has a standard error of about sd/√n; for a Gaussian negative lo
 reached while the loss kept falling steadily — its rises over the patience window sum to less
 than the margin — is a converged run, not a step size too large for the landscape: a smaller
 rate only slows the same descent. It ends the run instead of lowering the rate; a plateau with
-oscillations (Adam at a high rate) lowers the rate as before. Measured on CaGP-Opt's defaults
-(lr 1.0, which never fell within the 300 s budget): Parkinsons and Elevators spent the last
-28 % and 56 % of it on test NLL gains of 0.017 and 0.006 (BENCHMARKS "Stopping on the loss's
-noise").
+oscillations (Adam at a high rate) lowers the rate as before. Without it CaGP-Opt's defaults
+(lr 1.0, which never fell within the budget) spent much of their budget on test NLL gains of a
+few hundredths or less (BENCHMARKS "Stopping on the loss's noise").
 
 **The budget's anneal** (``FitConfig.budget_anneal``, on in every method's defaults; minibatch
 runs only). A minibatch run's test error at a fixed learning rate levels off at the gradient
 noise that rate admits, while its loss keeps creeping down (the hyperparameters still drift), so
-its plateaus can come late: SVGP on 1.8·10⁶ rows at batch 16,384 spent 17 epochs at lr 0.1
-while its test RMSE crept from 0.244 to 0.240, then gained 0.006 in its first epoch at 0.03.
+its plateaus can come late: SVGP on millions of rows at a GPU's batch spent many epochs at its
+starting rate while its test error crept down, then gained more in its first epoch at a lower
+rate than in all of them.
 A budget that ends such a run before its plateaus do leaves it at the starting rate's noise.
 So by :data:`ANNEAL_AT` (50, 75 and 90 %) of its budget — whichever of ``epochs`` and
 ``max_time`` runs out first — the rate has been lowered by ``plateau_factor`` at least once,
@@ -246,9 +246,9 @@ class BestEpoch:
 
     With one step per epoch the epoch's loss is the loss of the parameters it started from, so
     the best epoch's starting state is exactly the best point seen. Adam can climb out of a good
-    region at a large learning rate: GGP on 9·10⁵ 3-D points reached −0.64 per datum at epoch 31,
-    then rose to +0.27 and the plateau schedule, lowering the rate from there, "converged" at
-    +0.20 (test RMSE 0.265 against 0.130 at 1.8·10⁶ points). Minibatch epoch losses are means
+    region at a large learning rate: GGP on a large 3-D field reached a good loss, climbed out of
+    it, and the plateau schedule, lowering the rate from there, "converged" at a far worse one
+    (about twice the test error of the good region). Minibatch epoch losses are means
     over a moving trajectory with sampling noise, so minibatch runs are left as they are.
     """
 

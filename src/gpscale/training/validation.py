@@ -1,7 +1,7 @@
 """Early stopping on held-out rows: the best epoch by a held-out score, kept and restored.
 
-A method that overfits its training rows (SoftKI's learned interpolation points: on Elevators
-the test RMSE was best after 10 of its 75 epochs, 0.379 against 0.393 at the end) can ask
+A method that overfits its training rows (SoftKI's learned interpolation points: their test error
+can be best early in training and worse at its end) can ask
 :func:`gpscale.training.harness.train_built` to hold rows out (``holdout_rows``); ``fit`` then
 scores the model on them after every epoch through a :class:`Validation`, inside the training
 clock, keeps the parameters of the best-scoring epoch, stops once the score has not improved for

@@ -11,7 +11,7 @@ import torch
 import gpscale.methods.ski  # noqa: F401  (registers ski and ggp)
 from gpscale.data.synthetic import FieldStream
 from gpscale.kernels import kernel_hyperparameters
-from gpscale.linalg.grid import interpolate, make_grid
+from gpscale.linalg.interpolation import interpolate, make_grid
 from gpscale.linalg.toeplitz import grid_kernel
 from gpscale.methods.registry import build
 from gpscale.methods.ski import GGP, sufficient_statistics

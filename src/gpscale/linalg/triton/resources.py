@@ -5,7 +5,7 @@ H200), and the ``cuobjdump`` shipped in Triton's wheel reads the registers, the 
 registers) and the shared memory off the machine code. A launch shape that spills runs several
 times slower, and one whose shared memory exceeds the multiprocessor's 227 KB does not launch at
 all; both show here, on the CPU, which is how :data:`~gpscale.linalg.triton.FORWARD_SHAPE` and
-:data:`~gpscale.linalg.triton.BACKWARD_SHAPE` were chosen while no GPU was lent (2026-11-28).
+:data:`~gpscale.linalg.triton.BACKWARD_SHAPE` were chosen without a GPU.
 
 :func:`usage` compiles one kernel; :func:`defaults` the forward and the symmetric backward at
 the default shapes. ``python -m gpscale.linalg.triton.resources`` prints a table of shapes.

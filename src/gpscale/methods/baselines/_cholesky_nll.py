@@ -11,8 +11,8 @@ Its gradient with respect to the matrix and the residual is the textbook one (R&
    \frac{∂\ell}{∂r} = α / n, \qquad \frac{∂\ell}{∂σ^2} = \operatorname{tr}\frac{∂\ell}{∂\hat K}.
 
 Autograd reaches the same numbers through the Cholesky factorisation's own backward (two
-triangular solves with n right-hand sides and several n×n products: ~10 s of a 22 s epoch at
-n = 5,287, BENCHMARKS "defaults"); here the backward is one ``cholesky_inverse`` (n³/3 flops)
+triangular solves with n right-hand sides and several n×n products, about half of an epoch's
+time, BENCHMARKS "defaults"); here the backward is one ``cholesky_inverse`` (n³/3 flops)
 and one rank-one update in place, so an epoch costs the kernel matrix, a Cholesky, an inverse
 and the kernel's own backward. Memory: K̂'s factor and, in the backward, one n×n inverse.
 

@@ -8,7 +8,7 @@ The covariances of the test points are ours (GPyTorch's hook
 ``_get_test_prior_mean_and_covariances``): GPyTorch's kernels centre both point sets on the mean
 of their first argument, the test batch in K(x_*, x), so one far test row spoiled every other
 row's distances by cancellation (and at 10²⁰⁰ overflowed them: NaN). :func:`~gpscale.kernels.
-kernel_matrix` takes its distances within reach instead (issue #46); the test prior's own
+kernel_matrix` takes its distances within reach instead; the test prior's own
 variance k(x_*, x_*) stays GPyTorch's lazily evaluated diagonal.
 
 GPyTorch memoises its prediction caches (representer weights, and for SGPR the m×m covariance
@@ -131,7 +131,7 @@ def gaussian_predictive(state: ExactGPState, x_test: Tensor) -> Predictive:
     A row beyond the kernel's reach of the training (and inducing) inputs has an all-zero
     cross-covariance: it gets the prior, m(x_*) and k(x_*, x_*), and stays out of GPyTorch's
     solve, whose CG (``cggp``) stops on the mean residual over all columns, so that a zero
-    column would loosen the other rows' variances (issue #46).
+    column would loosen the other rows' variances.
     """
     gp = state.gp
     gp.training = False

@@ -189,8 +189,8 @@ class ExactGPyTorch(Method):
         :func:`~gpscale.kernels.kernel_hyperparameters` recognises: one Cholesky factor of
         K + σ²I written over the matrix (:func:`~gpscale.linalg.ops.cholesky_in_place`), kept
         on the state for later calls, then per chunk K(x_*, x) α and the triangular solve of
-        the variances. One n × n array at the peak, where GPyTorch's prediction held 5.2
-        (issue #43: the exact GP's memory on a GPU). Otherwise GPyTorch's prediction.
+        the variances. One n × n array at the peak, where GPyTorch's prediction holds several
+        (so a larger exact GP fits in a GPU's memory). Otherwise GPyTorch's prediction.
         """
         check_x(x_test, num_dims=self.num_dims, name="x_test")
         if (isinstance(self.settings, CholeskySettings) and not torch.is_grad_enabled()

@@ -263,7 +263,7 @@ class SVGP(Method):
 
     def _predict_rows(self, x: Tensor, eps: Tensor | None) -> Predictive:
         hp = kernel_hyperparameters(self.gp.covar_module)
-        if hp is not None:  # issue #46: rows beyond the kernel's reach of every inducing point
+        if hp is not None:  # rows beyond the kernel's reach of every inducing point
             # predict the prior either way, but GPyTorch would form infinite distances there
             # (Matérn: ∞ · 0 = NaN); one finite point beyond reach stands in for them.
             x = reach.park(x, self.inducing_points, hp.lengthscale)

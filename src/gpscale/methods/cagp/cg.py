@@ -2,16 +2,16 @@ r"""What makes CaGP-CG affordable on a CPU: a cached kernel matrix for CG, and r
 
 A CaGP-CG step (Alg. S1) runs up to i = 512 conjugate-gradient iterations, each one product
 K̂ v with a single vector, and then the ELBO's K S with all i actions. Matrix-free, a single-vector
-product recomputes all n² kernel entries for one column of output: at n = 15,000 and d = 17 it
-costs ~0.4 s here, as much as a product with 16 columns, so one step's CG took minutes and the
-300-s default budget held 3 steps (BENCHMARKS.md, defaults). Two changes, both leaving the
+product recomputes all n² kernel entries for one column of output, so it costs about as much as
+a product with many columns: at a few ten thousand points one step's CG took minutes and the
+default budget held only a few steps (BENCHMARKS.md, defaults). Two changes, both leaving the
 method's objective a valid bound:
 
 1. :class:`KernelOperator` — the V ↦ K̂ V the CG policy calls. CG runs without gradients, so when
    n² entries fit in :func:`~gpscale.methods._common.dense_operator_limit` the operator builds
    K(X, X) once per CG run (:func:`gpscale.kernels.dense_kernel_matrix`, about the cost of three
-   matrix-free products) and every iteration is a dense mat-vec (~0.05 s at n = 15,000: memory
-   bound, 8× faster). Larger n, or a product that needs gradients, stays matrix-free.
+   matrix-free products) and every iteration is a dense mat-vec (memory bound, several times
+   faster). Larger n, or a product that needs gradients, stays matrix-free.
 2. :func:`recycling_loss` — the training loss ``training.fit`` uses for full-data steps. Eq. (11)
    is a lower bound on the log evidence for *any* actions S (notes/001 §5), so the CG actions
    computed at one step's hyperparameters remain valid ones at the next: they are recomputed
@@ -42,11 +42,10 @@ __all__ = ["CG_ENTRY_BUDGET", "IterativePosterior", "KernelOperator", "cg_action
 
 CG_ENTRY_BUDGET = 2**37
 """The default number of CaGP-CG actions keeps i · n² ≤ this (:func:`cg_action_cap`): one CG
-run multiplies at most ~1.4·10¹¹ kernel entries — 512 actions up to n = 16,384, 81 at Protein's
-41,157 points, 42 at KEGGu's 57,248. A CG iteration cannot use more than one column, so its cost
-grows as n² whatever the hardware; without the cap one CG run at n = 41,157 takes ~25 min on
-the 2-core machine of BENCHMARKS.md (matrix-free) or ~3 min (cached), beyond the default
-300-s training budget on its own."""
+run multiplies at most ~1.4·10¹¹ kernel entries — 512 actions up to n = 16,384, fewer as
+1/n² beyond. A CG iteration cannot use more than one column, so its cost grows as n² whatever
+the hardware; without the cap one CG run at a few ten thousand points takes minutes even with
+the cached matrix (far longer matrix-free), beyond the default training budget on its own."""
 
 
 def cg_action_cap(n: int | None) -> int:

@@ -17,8 +17,9 @@ D          ``gram_actions``             SᵀS (diagonal for block-sparse S)
 =========  ===========================  =====================================================
 
 Implemented: the posterior Eq. (5) / Alg. S2 (``condition``, ``predict``) and Alg. S1
-(:func:`iterative_posterior`); the ELBO Eq. (10)–(11) as ``kl − expected_log_lik``
-(Lemma S3) and the projected-data NLL Eq. (9) (``objective='projected_nll'``, an ablation only).
+(:func:`~gpscale.methods.cagp.cg.iterative_posterior`); the ELBO Eq. (10)–(11) as
+``kl − expected_log_lik`` (Lemma S3) and the projected-data NLL Eq. (9)
+(``objective='projected_nll'``, an ablation only).
 μ_i(x) = μ(x) + K(x, X) S ṽ, K_i(x, x) = K(x, x) − ‖L⁻¹ SᵀK(X, x)‖², predictive noise σ².
 
 Numerics: the i × i matrices G_K, SᵀS, G, their Cholesky factor and solves are float64
@@ -28,7 +29,7 @@ formed in float64 too (O(n i²)): the difference cancels and is divided by σ²,
 moves the float32 loss by ~1e-4 per datum on a 200-point problem, float64 by ~1e-6.
 When SᵀK̂S from float32 products is not positive definite (σ² near its floor of 1e-4 with a
 short lengthscale: float32 distances then err by ~1e-3 in D², and K's entrywise errors, summed
-over a block of actions, exceed σ² ‖s_j‖²; Parkinsons at Adam epoch 499), ``condition`` warns
+over a block of actions, exceed σ² ‖s_j‖²; late in a long Adam run), ``condition`` warns
 and recomputes K S from float64 inputs and actions (the state's ``K_S`` is then float64); the
 parameters, the loss and the optimiser stay in the training dtype; each call tries the training
 dtype first (a wasted float32 product once the fallback is needed: ~1.5x the float64 epoch).
@@ -92,21 +93,14 @@ from gpscale.methods._common import (
 )
 from gpscale.methods.base import Method, as_dtype, predict_in_chunks
 from gpscale.methods.cagp.actions import action_gram, kernel_times, upcast_actions
-from gpscale.methods.cagp.cg import (
-    IterativePosterior,
-    KernelOperator,
-    cg_action_cap,
-    iterative_posterior,
-    recycling_loss,
-)
+from gpscale.methods.cagp.cg import KernelOperator, cg_action_cap, recycling_loss
 from gpscale.methods.options import KERNEL_PRODUCT_OPTIONS, PREFIT_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_num_points, check_x, check_xy
 
 __all__ = [
-    "OBJECTIVES", "CaGP", "CaGPState", "IterativePosterior", "build_cagp_cg", "build_cagp_opt",
-    "action_gram", "gram_cholesky", "iterative_posterior", "kernel_times", "trace_solve",
-    "warn_float64_fallback",
+    "OBJECTIVES", "CaGP", "CaGPState", "build_cagp_cg", "build_cagp_opt", "action_gram",
+    "gram_cholesky", "kernel_times", "trace_solve", "warn_float64_fallback",
 ]
 
 OBJECTIVES = ("elbo", "projected_nll")
@@ -266,8 +260,8 @@ class CaGP(HeldOutNoise, Method):
         G_K = upcast(S.mT @ Z)  # (i, i) SᵀKS
         G_K = 0.5 * (G_K + G_K.mT)
         D, logdet_D = action_gram(S)
-        # Below float64 the product's rounding may not be resolved against the noise (KEGGu's
-        # pre-fitted start: float32 errors of ±0.08 in SᵀKS, σ² = 0.0145): jitter beyond a tenth
+        # Below float64 the product's rounding may not be resolved against the noise (a pre-fitted
+        # start with a small σ²: float32 errors in SᵀKS larger than σ²): jitter beyond a tenth
         # of the noise term would hide that, so it fails and condition() goes to float64.
         L = gram_cholesky(G_K, noise, D, x.dtype)
         return Z, G_K, D, logdet_D, L

@@ -1,4 +1,4 @@
-r"""A computation-aware Laplace evidence for IterNCGP's kernel hyperparameters (issue #21).
+r"""A computation-aware Laplace evidence for IterNCGP's kernel hyperparameters.
 
 Derivation and checks: ``docs/iterncgp_evidence.md``. In short: at a Newton iterate f̂ with
 W = W(f̂), ∇ = ∇log p(y | f̂) and the pseudo-target right-hand side b = f̂ − m + W†∇ (Prop. A.1),

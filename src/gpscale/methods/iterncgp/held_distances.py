@@ -1,4 +1,4 @@
-"""Kernel products from held distances, differentiable in the hyperparameters (issue #21).
+"""Kernel products from held distances, differentiable in the hyperparameters.
 
 A kernel-learning round evaluates K_θ(X, X) V for the same X and V under many θ (each L-BFGS
 trial). For a shared isotropic stationary kernel k = s φ(‖x − x'‖ / ℓ) the distances do not

@@ -54,9 +54,8 @@ PROBS = ("probit", "mc")
 ARD_MAX_DIMS = 64
 """Inputs up to which ``ard=None`` learns one lengthscale per input. Measured with
 ``gpscale fit`` defaults (BENCHMARKS.md ``iterncgp``): on tabular data with inputs that do not
-matter ARD is far ahead (5 inputs, 2 of them noise: test NLL 0.427 against 0.485), on the
-3-D mixture level (0.321 both); on MNIST's 784 pixels level in quality (0.952 / 0.198 / 0.061
-against 0.948 / 0.195 / 0.054) at 24 % more time, because an ARD kernel's products cost
+matter ARD is far ahead, where every input matters the two are level; on images (hundreds of
+pixels) they are level in quality but ARD takes more time, because an ARD kernel's products cost
 O(n² d) where a single lengthscale's come from held distances
 (:mod:`gpscale.methods.iterncgp.held_distances`)."""
 
@@ -161,7 +160,7 @@ def softmax_probs_joint(mean: Tensor, covariance: Tensor, options: PredictiveOpt
 
     softmax(f) = softmax(P f) for P = I − 11ᵀ/C: the variance of the common shift 1ᵀf/C cannot
     move a probability. The marginals of a Laplace posterior hold much of it (W 1 = 0 for the
-    softmax, so the data never inform that direction: 38 % of the latent variance on MNIST at
+    softmax, so the data never inform that direction: a large share of the latent variance at
     the default kernel), and per-class probit factors applied to the marginals spread it as
     noise over every class difference, which makes the probabilities underconfident.
     ``"probit"`` therefore applies the per-class probit approximation to the centred latents
@@ -327,7 +326,7 @@ class LatentKernel:
         computed once and held, where a shared kernel needs no gradient and the matrix fits
         :func:`~gpscale.methods._common.dense_operator_limit`; otherwise matrix-free
         (:meth:`matmul`). Each product then costs n² k L multiply-adds instead of n² kernel
-        evaluations in d dimensions (MNIST, d = 784: 90 s of products per conditioning)."""
+        evaluations in d dimensions (the bulk of a conditioning's time at large d)."""
         fits = x.shape[0] ** 2 * x.element_size() <= dense_operator_limit(x.device)
         if not (self.shared and fits) or any(p.requires_grad for p in self.kernel.parameters()):
             return lambda V: self.matmul(x, x, V)
@@ -349,8 +348,8 @@ class LatentKernel:
         (computed once, no gradient) and evaluates s φ(D / ℓ) a block of ``rows`` rows at a
         time (memory: D and one block); where a gradient is wanted the same pass forms
         (∂K/∂ℓ) V. A product and its gradient cost two GEMMs of n² k L and a few elementwise
-        passes instead of n² kernel evaluations in d dimensions (MNIST, d = 784: 9.5 s → ~1.5
-        s). From :data:`~gpscale.methods.iterncgp.held_distances.FLOAT32_MIN_ROWS` points the
+        passes instead of n² kernel evaluations in d dimensions (several times faster at large d).
+        From :data:`~gpscale.methods.iterncgp.held_distances.FLOAT32_MIN_ROWS` points the
         products run in float32
         (:func:`~gpscale.methods.iterncgp.held_distances.held_distance_matmul`).
         Otherwise the matrix-free :meth:`matmul`."""

@@ -1,4 +1,4 @@
-"""IterNCGP's kernel-learning objectives (issue #21): the problem a round fixes and the value it
+"""IterNCGP's kernel-learning objectives: the problem a round fixes and the value it
 maximises, as methods of :class:`~gpscale.methods.iterncgp.IterNCGP` (a mixin, to keep the
 algorithm's module about the algorithm)."""
 

@@ -12,8 +12,7 @@ Cost per Newton step O((N_sub L)³), memory O((N_sub L)²): K̂ (3.2 GB for N_su
 is filled in place — K stays as its L diagonal blocks and W⁻¹ is built from products with a few
 identity columns at a time — and its Cholesky factor replaces the last step's, so K̂, its
 factor and the factorisation's working copy are the only (N_sub L)² matrices (peak measured at
-3.2–3.6 (N_sub L)² floats, against 5.5 before this layout;
-``tests/methods/iterncgp/test_sod_memory.py``).
+3.2–3.6 (N_sub L)² floats; ``tests/methods/iterncgp/test_sod_memory.py``).
 The diagonal blocks of K̂⁻¹ are kept for prediction (from L triangular solves, not the full inverse),
 O(t N_sub² L) for t test points.
 """

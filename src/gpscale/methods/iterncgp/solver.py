@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 Matmul = Callable[[Tensor], Tensor]
-STOP_REASONS = ("tolerance", "max_iterations", "full_rank", "policy", "eta")
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,7 @@ class Belief:
         iteration: inner iterations j done on this problem.
         num_actions: actions taken so far (recycled ones included), the index the next
             unit-vector action uses.
-        stopped: why the inner loop stopped (one of ``STOP_REASONS``), ``None`` while running.
+        stopped: why the inner loop stopped (see :func:`itergp`), ``None`` while running.
         room: storage S and T may grow into without a copy (:class:`_Room`), or ``None``.
     """
 
@@ -366,9 +365,9 @@ class PreconditionedResidualPolicy:
     IterGP with actions P⁻¹r_{j−1} runs preconditioned CG (its actions span the Krylov space of
     P⁻¹K̂ = I + W K): with saturated probabilities W⁻¹ in K̂ = K + W⁻¹ is huge on the confident
     points, so the plain residual, and hence the CG action, is dominated by them; scaling by W
-    takes that weight away. On 2,000 MNIST points (j ≤ 1) the plain residual policy's Newton
-    steps stall after four (every later step fails the line search), the preconditioned ones
-    converge. Softmax: W's null direction (the class sum) is never explored.
+    takes that weight away. On MNIST with one iteration per Newton step the plain residual
+    policy's Newton steps stall after a few (every later step fails the line search), the
+    preconditioned ones converge. Softmax: W's null direction (the class sum) is never explored.
     """
 
     def bind(self, problem: RegressionProblem) -> Policy:

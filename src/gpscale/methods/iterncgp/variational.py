@@ -1,9 +1,9 @@
-r"""Variational refinement of IterNCGP's Laplace posterior (issue #21; beyond paper 000).
+r"""Variational refinement of IterNCGP's Laplace posterior (beyond paper 000).
 
 The Laplace approximation centres q(f) at the mode f̂ and takes its precision from the curvature
 W(f̂) there. The class probabilities then integrate the likelihood over q, which the mode never
-accounted for: on MNIST the probabilities come out underconfident (accuracy 0.93 at a mean
-confidence of 0.77). The Gaussian q that maximises the evidence lower bound
+accounted for: with many classes the probabilities come out underconfident (a mean confidence
+well below the accuracy). The Gaussian q that maximises the evidence lower bound
 
     ELBO(q) = Σ_i E_q[log p(y_i | f_i)] − KL(q ‖ p)
 

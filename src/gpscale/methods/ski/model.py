@@ -6,7 +6,7 @@ Interpolation for Gaussian Processes", AISTATS, arXiv:2101.11751 (notes/002_fki.
 =========  ======================  ==========================================================
 symbol     variable                meaning
 =========  ======================  ==========================================================
-G, m       ``grid``                regular grid (:mod:`gpscale.linalg.grid`), m nodes
+G, m       ``grid``                regular grid (:mod:`gpscale.linalg.interpolation`), m nodes
 W          ``rows``                (n, m) interpolation, s^d entries per row (cubic s = 4)
 K_G        ``GK``                  kernel on the grid (Kronecker/multilevel Toeplitz, FFT)
 K̃          —                       W K_G Wᵀ + σ²I, the SKI covariance of y (Def. 1)
@@ -81,7 +81,7 @@ from torch import Tensor
 from gpscale.distributions import Predictive
 from gpscale.kernels import kernel_diag, kernel_hyperparameters
 from gpscale.linalg.factorized import span_cg, span_lanczos
-from gpscale.linalg.grid import Grid, Interpolation, interpolate, make_grid
+from gpscale.linalg.interpolation import Grid, Interpolation, interpolate, make_grid
 from gpscale.linalg.ops import rademacher, safe_cholesky
 from gpscale.linalg.reach import beyond_box
 from gpscale.linalg.solvers.cg import ConjugateGradient
@@ -145,8 +145,8 @@ def _loss(state: GridState) -> Tensor:
 def _predict(model, state: GridState, x_test: Tensor, var_term, chunk_size: int) -> Predictive:
     """Mean μ + w_*ᵀa and variance w_*ᵀK_Gw_* − var_term(rows, GK) (clamped at 0); a point
     beyond the kernel's reach of the grid (:func:`~gpscale.linalg.reach.beyond_box`: its kernel
-    values with every datum are 0) gets the prior μ, k(x, x) and stays out of the others' solves
-    (issue #46); other points outside the grid remain an error."""
+    values with every datum are 0) gets the prior μ, k(x, x) and stays out of the others' solves;
+    other points outside the grid remain an error."""
     check_x(x_test, num_dims=model.num_dims, name="x_test")
     grid = model.grid
     with torch.no_grad():

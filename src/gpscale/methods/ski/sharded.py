@@ -40,7 +40,7 @@ from gpscale.distributed.env import current
 from gpscale.distributed.reduce import all_reduce_sums, gather_predictive
 from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
-from gpscale.linalg.grid import Grid
+from gpscale.linalg.interpolation import Grid
 from gpscale.linalg.ops import rademacher
 from gpscale.methods.ski.model import GGP
 from gpscale.methods.ski.statistics import (

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpscale.linalg.grid import INTERPOLATIONS, Grid, interpolate, make_grid
+from gpscale.linalg.interpolation import INTERPOLATIONS, Grid, interpolate, make_grid
 from gpscale.linalg.ops import rademacher
 from gpscale.linalg.stencil import GramStencil, cell_blocks, pair_offsets
 from gpscale.validation import check_xy

@@ -53,7 +53,7 @@ class SoftmaxInterpolation:
         The logits are −(‖x_i − z_j‖ − s_i)/τ, shifted by a row constant s_i (softmax ignores
         it) and computed without forming and cancelling ‖x_i‖² (:class:`_ShiftedDistance`): a
         row far from z keeps its exact limit softmax_j(x̂_iᵀz_j/τ) (the expansion gave rounding
-        noise at 10²⁰ and NaN at 10²⁰⁰; issue #46), and each row's weights depend on it alone.
+        noise at 10²⁰ and NaN at 10²⁰⁰), and each row's weights depend on it alone.
         """
         shift = z.detach().mean(0, keepdim=True)  # distances are translation invariant
         xs, zs = x - shift, z - shift
@@ -96,8 +96,8 @@ class _ShiftedDistance(torch.autograd.Function):
         x, z, dist, s = ctx.saved_tensors
         # 0 where D²/unit² hit its clamp (dist = √tiny · unit exactly: the scalings are powers
         # of two), as the clamp's own gradient is; comparing D with √tiny alone let a coincident
-        # pair of a row with |x| > 1 through as Ḡ / 1e-19 (a SoftKI fit then stopped at RMSE 0.35
-        # instead of 0.27 on the demo's 1-D data)
+        # pair of a row with |x| > 1 through as Ḡ / 1e-19 (a SoftKI fit then stopped far short
+        # of its converged error)
         floor = torch.finfo(dist.dtype).tiny ** 0.5 * _unit(x)  # (n, 1)
         H = torch.where(dist > floor, grad / dist, 0.0)  # (n, m)
         rows = H.sum(-1, keepdim=True) - grad.sum(-1, keepdim=True) / s  # (n, 1)

@@ -86,11 +86,6 @@ class Projections:
     D: Tensor
     prior_var: Tensor
 
-    @property
-    def BD(self) -> Tensor:
-        """[B; D] (L, M + M2, b) (a copy)."""
-        return torch.cat([self.B, self.D], -2)
-
 
 # -- the collapsed bound (Gaussian regression, one latent GP) ------------------------------------
 @dataclass(frozen=True)
@@ -212,7 +207,7 @@ def kernel_matrix_fused(kernel, x1: Tensor, x2: Tensor) -> Tensor:
     """K(x1, x2) (..., n1, n2) by :func:`gpscale.kernels.kernel_matrix`: for ``[ScaleKernel]``
     of a stationary profile one autograd node (the profiles of :mod:`gpscale.linalg.fused`,
     nothing n1 × n2 kept for backward), with distances taken within reach so that a far test
-    point in x2 changes no other column (issue #46); other kernels through GPyTorch."""
+    point in x2 changes no other column; other kernels through GPyTorch."""
     return kernel_matrix(kernel, x1, x2)
 
 
