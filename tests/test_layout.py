@@ -287,3 +287,159 @@ def test_the_history_patterns_catch_the_forms_used_before():
                  "float32 9.9999997e-05", "MD5s 2646ac64… (images)", "a commit record names the "
                  "run id and the SHA-256 of each file", "commit 1234567 (digits only)"):
         assert not _history(text), text
+
+
+# benchmarks/ is a leaf on top: the suites use the product, the product never uses them. The one
+# way in is the command line's ``gpscale bench``, which imports the suites' registry; a helper
+# the product needs (the run of one rank, the demo, the results writer) lives beside its user.
+BENCHMARKS = "gpscale.benchmarks"
+WAY_IN = {"gpscale.cli.__main__": {BENCHMARKS, f"{BENCHMARKS}.registry"}}
+
+
+def _in_benchmarks(name: str) -> bool:
+    return name == BENCHMARKS or name.startswith(BENCHMARKS + ".")
+
+
+def _imports_by_name(name: str) -> set[str]:
+    """Modules ``name`` imports by a string (``importlib.import_module("gpscale...")``,
+    ``__import__``), which the import statements do not show."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if (isinstance(node, ast.Call) and node.args
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                and ast.unparse(node.func).rpartition(".")[2] in ("import_module", "__import__")):
+            found.add(node.args[0].value)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if not _in_benchmarks(n)))
+def test_nothing_outside_the_benchmarks_imports_them(name):
+    """At any depth (inside functions, under ``if TYPE_CHECKING:``) and by a string; only
+    ``gpscale bench`` reaches the suites, through their registry."""
+    found = _imports(name, top_level_only=False, type_checking=True) | _imports_by_name(name)
+    reached = sorted(t for t in found if _in_benchmarks(t) and t not in WAY_IN.get(name, set()))
+    assert not reached, f"{name} imports the benchmarks: {reached}"
+
+
+# The method contract: what the pipeline needs about a method is declared in the method's family
+# (``MethodSpec`` fields, ``Method`` hooks with defaults), so run, training and devices name no
+# method key and probe no model for a hook. The registry's keys, option choices and the Method
+# hooks are read in a fresh interpreter (this module imports nothing of the package).
+PIPELINE_FILES = sorted({*(PACKAGE / "training").rglob("*.py"), PACKAGE / "devices.py",
+                         PACKAGE / "run.py"})
+# 'exact' is also an English word, in prose such as "an exact GP"; as a string of its own (the
+# key) the first rule below still catches it.
+PROSE_WORDS = {"exact"}
+# ``training.fit`` trains any nn.Module: what ``build`` sets on a registry-built module is read
+# where it is there (checkpoints record it).
+BUILT_ATTRIBUTES = {"method_key", "options"}
+
+
+def _registry_facts() -> dict:
+    import functools
+    import json
+
+    @functools.cache
+    def facts() -> str:
+        code = ("import json\nfrom torch import nn\nfrom gpscale.methods import METHODS\n"
+                "from gpscale.methods.base import Method\n"
+                "choices = {o.name: sorted(o.choices) for s in METHODS.values() "
+                "for o in s.options if o.choices}\n"
+                "hooks = sorted(n for n in set(dir(Method)) - set(dir(nn.Module)) "
+                "if not n.startswith('_'))\n"
+                "print(json.dumps({'keys': sorted(METHODS), 'choices': choices, "
+                "'hooks': hooks}))")
+        return _loaded(code, ())[1]
+
+    return json.loads(facts().splitlines()[-1])
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (of modules, classes, functions and
+    attributes: any string statement)."""
+    return {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)}
+
+
+def _option_values(tree: ast.AST, choices: dict[str, list[str]]) -> set[int]:
+    """ids of string constants compared with an option whose declared choices hold them:
+    ``opts.get("prefit") in ("auto", "exact")`` compares an option's value, not a key."""
+    exempt: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        constants = [c for part in (node.left, *node.comparators) for c in ast.walk(part)
+                     if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+        allowed = {v for c in constants for v in choices.get(c.value, ())}
+        exempt.update(id(c) for c in constants if c.value in allowed)
+    return exempt
+
+
+def test_the_pipeline_names_no_method_key():
+    """No string in training/, devices.py or run.py is a registered key, or names one as a
+    word (docstrings aside; a key is declared in its family's package: the pipeline reads the
+    declarations from the registry)."""
+    facts = _registry_facts()
+    keys = set(facts["keys"])
+    word = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(keys - PROSE_WORDS)))
+                      + r")(?![\w-])")
+    found = []
+    for path in PIPELINE_FILES:
+        tree = ast.parse(path.read_text())
+        skip = _docstrings(tree) | _option_values(tree, facts["choices"])
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in skip
+                    and (node.value in keys or word.search(node.value))):
+                found.append(f"{path.relative_to(SRC)}:{node.lineno}: {node.value[:60]!r}")
+    assert not found, "method keys in the pipeline:\n" + "\n".join(found)
+
+
+def test_the_pipeline_probes_no_method_hook():
+    """No ``getattr``/``hasattr`` in training/, devices.py or run.py looks for a hook the
+    Method base class declares (it has a default: use it), nor for anything else on a model
+    but what ``build`` sets (:data:`BUILT_ATTRIBUTES`)."""
+    hooks = set(_registry_facts()["hooks"])
+    found = []
+    for path in PIPELINE_FILES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2):
+                continue
+            target, name = ast.unparse(node.args[0]), node.args[1]
+            on_model = target == "model" or target.endswith(".model")
+            named = name.value if isinstance(name, ast.Constant) else None
+            if named in hooks or (on_model and named not in BUILT_ATTRIBUTES):
+                found.append(f"{path.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "probes for method hooks:\n" + "\n".join(found)
+
+
+def _unit(name: str) -> str:
+    """The top-level module or package of ``name`` under gpscale (``gpscale.methods``)."""
+    return ".".join(name.split(".")[:2])
+
+
+def test_no_import_cycle_between_the_top_level_modules_even_inside_functions():
+    """Counting imports inside functions (a lazy import is a dependency too): no two top-level
+    modules or packages of gpscale import each other, directly or round a circle
+    (``devices`` reads the method registry; the methods never import ``devices``), and no
+    module-level circle either."""
+    lazy = {name: _imports(name, top_level_only=False) for name in MODULES}
+    modules = {name: {t for t in targets
+                      if not (name != "gpscale" and t.startswith(name + "."))
+                      and not (t != "gpscale" and name.startswith(t + "."))}
+               for name, targets in lazy.items()}
+    assert not (cycles := _cycles(modules)), f"import cycles (lazy imports counted): {cycles}"
+    units: dict[str, set[str]] = {}
+    for name, targets in lazy.items():
+        units.setdefault(_unit(name), set()).update(
+            _unit(t) for t in targets if _unit(t) != _unit(name))
+    for targets in list(units.values()):
+        for t in targets:
+            units.setdefault(t, set())
+    cycles = _cycles(units)
+    edges = sorted(f"{name} -> {t}" for cycle in cycles for name, targets in lazy.items()
+                   for t in targets if _unit(name) in cycle and _unit(t) in cycle
+                   and _unit(t) != _unit(name))
+    assert not cycles, f"top-level import cycles (lazy imports counted): {cycles}: {edges}"

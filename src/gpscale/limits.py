@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["available_memory", "check_fits", "TooLargeError", "MEMORY_SHARE"]
+__all__ = ["available_memory", "check_fits", "device_memory", "TooLargeError", "MEMORY_SHARE"]
 
 MEMORY_SHARE = 0.8
 """Most of the free memory one reader's arrays may take."""
@@ -27,6 +28,23 @@ def available_memory() -> int | None:
     """Bytes of memory available now (Linux ``sysconf``), or ``None`` where unknown."""
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_memory(device: Any) -> tuple[int, str] | None:
+    """(bytes, what they are) that a run on ``device`` (a ``torch.device``) may use: a GPU's
+    free memory (torch's cached blocks included), the CPU's physical memory; ``None`` where
+    unknown."""
+    if device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        name = torch.cuda.get_device_name(device)
+        return free + cached, f"free on {device} ({name})"
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "of RAM on this machine"
     except (ValueError, OSError, AttributeError):
         return None
 

@@ -1,6 +1,7 @@
 """The user's run — what ``gpscale fit`` does — on one dataset: spec → data → method choice
-(``auto``) → training → evaluation → outputs. The benchmark suites (:mod:`gpscale.benchmarks`)
-sit on top of it.
+(``auto``) → training → evaluation → outputs. One rank of a data-parallel run
+(``gpscale fit --nproc``) is :mod:`gpscale.run_parallel`; the benchmark suites
+(:mod:`gpscale.benchmarks`) sit on top of both.
 
 ``run(RunSpec(...))`` loads the data (standardised with training statistics), builds and trains
 the method through :mod:`gpscale.training.harness` (test metrics every ``eval_every`` epochs,
@@ -49,7 +50,7 @@ __all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_t
            "write_outputs", "write_partial", "feature_names", "resolve_auto", "fit_config",
            "plan_text"]
 
-log = logging.getLogger("gpscale.benchmarks")  # its one warning is about a suite's run
+log = logging.getLogger("gpscale.run")
 
 
 @dataclass(frozen=True)

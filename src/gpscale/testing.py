@@ -2,7 +2,8 @@
 
 - :data:`SMALL_OPTIONS`: per method key, options small enough that the method builds on a few
   dozen points in well under a second (the Laplace methods get a fixed kernel so no SVGP
-  pre-fit runs).
+  pre-fit runs): a read-only view of what each family declares (``MethodSpec.test_options``),
+  every registered key included.
 - :func:`toy_problem`: a seeded 2-D problem for any task (regression, classification, counts).
 - Dense float64 references (small n only: they form n × n matrices): Gaussian densities and KL
   divergences, the Laplace approximation's Newton iteration and mode, GP regression with a given
@@ -16,20 +17,14 @@ import torch
 from torch import Tensor
 
 from gpscale.kernels import kernel_matrix
+from gpscale.methods.registry import DeclaredTable
 
 __all__ = ["SMALL_OPTIONS", "toy_problem", "gaussian_kl", "gaussian_logpdf", "dense_operator",
            "block_kernel", "dense_W", "dense_W_inv", "newton_step", "laplace_mode",
            "gp_regression", "projected_precision", "dense_itergp_cg"]
 
-SMALL_OPTIONS: dict[str, dict] = {
-    "svgp": {"num_inducing": 8}, "sgpr": {"num_inducing": 8}, "softki": {"num_inducing": 8},
-    "solvegp": {"num_inducing": 6, "num_orthogonal": 6},
-    "cagp-opt": {"num_actions": 8}, "cagp-cg": {"num_actions": 8},
-    "ski": {"grid_size": 12}, "ggp": {"grid_size": 12},
-    "iterncgp": {"lengthscale": 0.8, "outputscale": 2.0},
-    "sod-laplace": {"lengthscale": 0.8, "outputscale": 2.0, "num_subset": 30},
-    "exact": {}, "cggp": {},
-}
+SMALL_OPTIONS = DeclaredTable("test_options", every=True)
+"""``{key: small options}`` for every registered key (module docstring)."""
 
 
 def toy_problem(task: str = "regression", n: int = 60, *, seed: int = 3

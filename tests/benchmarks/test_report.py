@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpscale.benchmarks.memory import peak_memory_mb
-from gpscale.benchmarks.report import markdown_table, write_results
+from gpscale.report import markdown_table, write_results
 
 
 def _allocate(mb: int) -> int:

@@ -108,7 +108,7 @@ def test_methods_lists_baselines(capsys):
 def test_demo_quick(tmp_path, capsys):
     """The demo in quick mode prints a row per run (1-D regression subset, GGP on the 2-D
     field, IterNCGP on 2-D binary data) with sensible metrics, and writes the panel grid."""
-    from gpscale.benchmarks.demo import QUICK_METHODS
+    from gpscale.cli.demo import QUICK_METHODS
 
     assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == 0
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]

@@ -112,3 +112,104 @@ def test_save_load_round_trip_is_bit_identical(fitted, tmp_path):
     loaded = load(tmp_path / "model.pt")
     assert loaded.method_key == model.method_key and loaded.options == model.options
     _same(_predict(loaded, x, y, x_test), _predict(model, x, y, x_test))
+
+
+# -- what the pipeline needs about a key, declared on its MethodSpec (methods/<family>/pipeline.py)
+
+
+@pytest.mark.parametrize("key", sorted(METHODS))
+def test_every_key_declares_what_the_pipeline_needs(key):
+    """Training defaults for every preset (valid FitConfig fields, and what default_fit_config
+    gives), GPU inducing sets of declared options, a positive dense-memory count or none, a
+    pre-fit of a known kind whose model is another registered key, and valid test options."""
+    import inspect
+
+    from gpscale.methods.registry import PRESETS, Prefit
+    from gpscale.training import FitConfig, default_fit_config
+    from gpscale.training.prefit import prefit_hyperparameters
+
+    spec = get_spec(key)
+    names = {o.name for o in spec.options}
+    assert set(spec.training_defaults) == set(PRESETS), key
+    for preset, declared in spec.training_defaults.items():
+        assert default_fit_config(key, preset) == FitConfig(**declared)
+        assert default_fit_config(key, preset) is default_fit_config(key, preset)
+    for name, sizes in spec.gpu_inducing.items():
+        cap, divisor = sizes
+        assert name in names and "regression" in spec.tasks
+        assert isinstance(cap, int) and isinstance(divisor, int) and cap >= 1 and divisor >= 1
+    assert spec.dense_copies is None or (isinstance(spec.dense_copies, float)
+                                         and spec.dense_copies > 0)
+    resolved = spec.resolve(dict(spec.test_options))  # valid options
+    if spec.prefit is not None:
+        policy = spec.prefit
+        assert isinstance(policy, Prefit) and policy.kind in Prefit.KINDS
+        assert policy.model in METHODS and policy.model != key
+        if policy.kind == "subset":
+            assert {"prefit", "prefit_size", "prefit_max_lr"} <= names
+            assert "regression" in spec.tasks and "regression" in get_spec(policy.model).tasks
+        else:  # "kernel": the family's settings are prefit_hyperparameters' keywords
+            x = torch.zeros(5, 2, dtype=torch.float64)
+            accepted = set(inspect.signature(prefit_hyperparameters).parameters)
+            assert set(policy.arguments(resolved, x)) <= accepted - {"x", "y", "task",
+                                                                    "num_classes", "method"}
+            assert {"lengthscale", "outputscale"} <= set(spec.test_options)  # no pre-fit in tests
+    for name in ("training_defaults", "gpu_inducing", "test_options"):
+        assert isinstance(getattr(spec, name), dict), name
+
+
+def test_a_method_defined_in_a_test_file_runs_through_the_harness_on_the_defaults():
+    """A key that declares nothing beyond its factory trains with FitConfig(), no GPU sizing,
+    no dense check, no pre-fit and every Method hook at its default (nothing probed for)."""
+    from dataclasses import dataclass
+
+    from torch import nn
+
+    from gpscale import devices
+    from gpscale.distributions import Predictive
+    from gpscale.methods.base import Method
+    from gpscale.methods.registry import MethodSpec, register
+    from gpscale.testing import SMALL_OPTIONS
+    from gpscale.training import FitConfig, default_fit_config
+    from gpscale.training.harness import train_method
+
+    @dataclass(frozen=True)
+    class MeanState:
+        y: torch.Tensor
+
+    class ConstantMean(Method):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.mean = nn.Parameter(torch.zeros((), dtype=torch.float64))
+            self.log_noise = nn.Parameter(torch.zeros((), dtype=torch.float64))
+
+        def condition(self, x, y):
+            return MeanState(y)
+
+        def loss(self, state):
+            noise = self.log_noise.exp()
+            return 0.5 * (((state.y - self.mean) ** 2) / noise + self.log_noise).mean()
+
+        def predict(self, state, x_test):
+            t = x_test.shape[0]
+            return Predictive(mean=self.mean.detach().expand(t).clone(),
+                              variance=torch.zeros(t, dtype=x_test.dtype),
+                              noise=self.log_noise.detach().exp())
+
+    key = "test-constant-mean"
+    register(MethodSpec(key=key, tasks=("regression",), summary="a constant",
+                        factory=lambda num_dims, **kw: ConstantMean(
+                            task=kw["task"], num_classes=kw["num_classes"])))
+    try:
+        x, y, _ = toy_problem(n=30)
+        assert default_fit_config(key) == FitConfig() and SMALL_OPTIONS[key] == {}
+        assert devices.inducing_options(key, {}, torch.device("cuda:0"), "regression", 30) == {}
+        devices.check_dense_fits(key, 10**6, torch.float64, torch.device("cpu"), (1, "free"))
+        config = FitConfig(epochs=3, lr=0.1, progress=False)
+        trained = train_method(key, (x, y), task="regression", num_classes=None, options={},
+                               config=config, seed=0)
+        assert trained.history.epochs == 3 and isinstance(trained.state, MeanState)
+        assert trained.model.max_start_lr is None
+        assert float(trained.model.mean.detach()) != 0.0  # it trained
+    finally:
+        METHODS.pop(key)

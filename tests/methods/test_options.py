@@ -236,7 +236,8 @@ def test_default_sizes_scale_with_small_data(key, name, expected):
 
 
 _LENGTHSCALE_KEYS = sorted(k for k, spec in METHODS.items()
-                           if "regression" in spec.tasks and spec.prefit is False
+                           if "regression" in spec.tasks
+                           and (spec.prefit is None or spec.prefit.kind != "kernel")
                            and any(o.name == "lengthscale" for o in spec.options)
                            and any(o.name == "ard" for o in spec.options))
 

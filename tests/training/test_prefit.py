@@ -27,6 +27,7 @@ from gpscale.training.prefit import (
 )
 
 KERNEL = {"kernel": "matern32", "ard": True}
+EXACT = {"method": "exact", **KERNEL}  # the pre-fit's GP, as CaGP declares it
 
 
 def _data(n: int, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +39,7 @@ def test_whole_data_prefit_is_the_exact_gp_with_its_defaults():
     """n ≤ prefit_size: the pre-fit is the exact key's default training on all points, and it
     finds the generating noise variance 0.01."""
     x, y = _data(150)
-    found = exact_prefit(x, y, **KERNEL, size=1000, seed=0)
+    found = exact_prefit(x, y, **EXACT, size=1000, seed=0)
     trained = train_method("exact", (x, y), task="regression", num_classes=None,
                            options=dict(KERNEL), config=METHOD_DEFAULTS["exact"].updated(
                                progress=False, max_time=60.0), seed=0)
@@ -53,15 +54,15 @@ def test_subset_prefit_uses_random_rows_seeded():
     """The subset is the first ``size`` rows of a seeded permutation; with more rows than that
     the noise is then moved along the grid fitted × 10^(k/4), k = −4…12 (validated_noise)."""
     x, y = _data(400)
-    a = exact_prefit(x, y, **KERNEL, size=100, seed=1)
-    assert exact_prefit(x, y, **KERNEL, size=100, seed=1) == a
+    a = exact_prefit(x, y, **EXACT, size=100, seed=1)
+    assert exact_prefit(x, y, **EXACT, size=100, seed=1) == a
     rows = torch.randperm(400, generator=torch.Generator().manual_seed(1))[:100]
-    b = exact_prefit(x[rows], y[rows], **KERNEL, size=100, seed=1)  # n = size: not validated
+    b = exact_prefit(x[rows], y[rows], **EXACT, size=100, seed=1)  # n = size: not validated
     assert b["lengthscale"] == pytest.approx(a["lengthscale"], rel=1e-6)
     assert b["outputscale"] == pytest.approx(a["outputscale"])
     k = 4 * math.log10(a["noise"] / b["noise"])
     assert k == pytest.approx(round(k), abs=1e-6) and -4 <= round(k) <= 12
-    assert exact_prefit(x, y, **KERNEL, size=100, seed=2)["noise"] != a["noise"]
+    assert exact_prefit(x, y, **EXACT, size=100, seed=2)["noise"] != a["noise"]
 
 
 def _held_out_nll(model, train, held) -> float:
@@ -130,7 +131,7 @@ def test_built_model_starts_at_the_prefit_values(method):
                             options={"num_actions": 8, "prefit": "exact", "prefit_size": 100},
                             config=config,
                             seed=0)
-    found = exact_prefit(x.float(), y.float(), **KERNEL, size=100, seed=0)
+    found = exact_prefit(x.float(), y.float(), **EXACT, size=100, seed=0)
     hp = kernel_hyperparameters(model.kernel)
     assert hp.lengthscale.reshape(-1).tolist() == pytest.approx(found["lengthscale"], rel=1e-5)
     assert float(model.likelihood.noise.detach()) == pytest.approx(found["noise"], rel=1e-5)
@@ -241,13 +242,13 @@ def test_prefit_stops_at_its_epoch_cap_and_announces_itself_to_gpscale_fit(caplo
     load), and both its lines reach the ``gpscale.fit`` logger that ``gpscale fit`` shows."""
     x, y = _data(400)
     with caplog.at_level(logging.INFO, logger="gpscale.fit"):
-        capped = exact_prefit(x, y, **KERNEL, size=100, seed=1, max_epochs=1)
+        capped = exact_prefit(x, y, **EXACT, size=100, seed=1, max_epochs=1)
     lines = [r.getMessage() for r in caplog.records if r.name == "gpscale.fit.prefit"]
     assert len(lines) == 2
     assert "exact GP on 100 of 400 training points" in lines[0] and "at most 1 epochs" in lines[0]
     assert "after 1 epochs (at its epoch cap)" in lines[1]
     assert f"noise {capped['noise']:.3g}" in lines[1]
-    assert capped["lengthscale"] != exact_prefit(x, y, **KERNEL, size=100, seed=1)["lengthscale"]
+    assert capped["lengthscale"] != exact_prefit(x, y, **EXACT, size=100, seed=1)["lengthscale"]
 
 
 def test_a_start_whose_gram_the_training_dtype_cannot_factor_is_not_used(monkeypatch):
@@ -287,7 +288,7 @@ def test_a_prefit_at_the_noise_floor_gives_a_noise_the_options_accept(monkeypatc
     g = torch.Generator().manual_seed(5)
     x = torch.rand(600, 3, generator=g, dtype=torch.float64)
     y = torch.sin(3 * x[:, 0]) + x[:, 1] * x[:, 2]
-    found = exact_prefit(x, y, kernel="matern32", ard=True, size=300, seed=0)
+    found = exact_prefit(x, y, method="exact", kernel="matern32", ard=True, size=300, seed=0)
     assert found["noise"] >= GPYTORCH_NOISE_FLOOR
     assert math.isfinite(found["heldout_mse"])
     get_spec("cagp-opt").resolve({"noise": found["noise"]})

@@ -31,9 +31,9 @@ import torch
 from gpscale import run as runner
 from gpscale.benchmarks.memory import peak_memory_mb, peak_rss_mb, reset_peak_rss
 from gpscale.benchmarks.plots import curve_rows, plot_curves, write_curves_csv
-from gpscale.benchmarks.report import markdown_table, write_results
 from gpscale.errors import NonFiniteLossError
 from gpscale.methods.registry import build
+from gpscale.report import markdown_table, write_results
 from gpscale.run import RunSpec
 
 __all__ = ["run", "plan", "BUDGET_S", "PAPER_NLL", "memory_rows"]

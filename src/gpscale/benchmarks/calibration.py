@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from gpscale import run as runner
-from gpscale.benchmarks.report import write_results
 from gpscale.data.datasets import get_entry
 from gpscale.methods import METHODS
 from gpscale.methods.auto import GRID_MAX_DIMS
+from gpscale.report import write_results
 from gpscale.run import RunSpec
 
 __all__ = ["run", "GENERATED", "UCI_SETS", "write_generated"]

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from gpscale import run as runner
-from gpscale.benchmarks.report import write_results
 from gpscale.data.datasets import get_entry
 from gpscale.methods import METHODS
 from gpscale.methods.auto import GRID_MAX_DIMS
+from gpscale.report import write_results
 from gpscale.run import RunSpec
 
 __all__ = ["run", "REGRESSION_SETS", "CLASSIFICATION_SETS"]

@@ -50,9 +50,9 @@ from torch import Tensor
 from gpscale import run as runner
 from gpscale.benchmarks.memory import peak_memory_mb
 from gpscale.benchmarks.plots import curve_rows, plot_curves, write_curves_csv
-from gpscale.benchmarks.report import write_results
 from gpscale.data import load_dataset, synthetic
 from gpscale.kernels import kernel_hyperparameters
+from gpscale.report import write_results
 from gpscale.run import RunSpec
 from gpscale.training import FitConfig
 from gpscale.training.harness import build_method

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 
 from gpscale.benchmarks.memory import peak_memory_mb
-from gpscale.benchmarks.report import write_results
 from gpscale.kernels import kernel_matmul, kernel_matrix, make_kernel
 from gpscale.linalg import native
 from gpscale.linalg.fused import wait_for_compilation
 from gpscale.linalg.operators.block_sparse import BlockLayout, symmetric_kernel_product
+from gpscale.report import write_results
 
 __all__ = ["gemm_gflops", "run"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpscale import run as runner
-from gpscale.benchmarks.report import write_results
+from gpscale.report import write_results
 from gpscale.run import RunSpec
 
 __all__ = ["run", "PLAN", "MAX_TIME"]

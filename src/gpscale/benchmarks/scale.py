@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from gpscale.benchmarks.memory import current_rss_mb, peak_memory_mb, peak_rss_mb, reset_peak_rss
-from gpscale.benchmarks.report import write_results
+from gpscale.report import write_results
 
 __all__ = ["run", "SIZES", "measure"]
 

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 from gpscale.benchmarks.memory import current_rss_mb, peak_memory_mb, peak_rss_mb, reset_peak_rss
-from gpscale.benchmarks.report import write_results
 from gpscale.data.synthetic import FieldStream, noisy_sine
 from gpscale.linalg.factorized import factorized_cg
 from gpscale.linalg.interpolation import interpolate, make_grid
@@ -41,6 +40,7 @@ from gpscale.linalg.stencil import pair_offsets
 from gpscale.linalg.toeplitz import grid_kernel
 from gpscale.linalg.whitened import WhitenedSystem, marginal_grams, whitened_solve
 from gpscale.methods.ski import sufficient_statistics
+from gpscale.report import write_results
 
 __all__ = ["run"]
 

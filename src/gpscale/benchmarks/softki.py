@@ -24,7 +24,7 @@ from typing import Any
 
 import gpscale.methods.softki  # noqa: F401  (registers the key "softki")
 from gpscale import run as runner
-from gpscale.benchmarks.report import write_results
+from gpscale.report import write_results
 from gpscale.run import RunSpec
 
 __all__ = ["run", "PLAN", "DATASETS", "MAX_TIME"]

@@ -278,14 +278,14 @@ def _fit_metrics(spec: Any, nproc: int, world_size: int, timeout: float,
     from gpscale.run import run
 
     if nproc > 1:
-        from gpscale.benchmarks.rank import run_rank
         from gpscale.distributed.launch import launch
+        from gpscale.run_parallel import run_rank
 
         return launch(run_rank, (spec, timeout), nproc=nproc, timeout=timeout,
                       threads=threads)[0]
     if world_size > 1:
-        from gpscale.benchmarks.rank import run_rank
         from gpscale.distributed.env import current
+        from gpscale.run_parallel import run_rank
 
         metrics = run_rank(spec, timeout)
         return metrics if current().is_main else None
@@ -326,6 +326,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    # the package's one way into gpscale.benchmarks, a leaf on top (tests/test_layout.py)
     from gpscale.benchmarks.registry import SUITES, run_suite
 
     if args.suite == "list":
@@ -334,8 +335,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return 0
     datasets = tuple(args.datasets.split(",")) if args.datasets else None
     runs = tuple(args.runs.split(",")) if args.runs else None
-    # Suites run for minutes to hours: say which run starts when, even without --verbose.
-    logging.getLogger("gpscale.benchmarks").setLevel(logging.INFO)
+    # Suites run for minutes to hours: say which run starts when, even without --verbose
+    # (the suites log on gpscale.benchmarks, the runs they start on gpscale.run).
+    for name in ("gpscale.benchmarks", "gpscale.run"):
+        logging.getLogger(name).setLevel(logging.INFO)
     report = run_suite(args.suite, args.out or f"runs/bench-{args.suite}", quick=args.quick,
                        datasets=datasets, runs=runs, device=args.device,
                        max_time=args.max_time)
@@ -404,7 +407,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from gpscale.benchmarks.demo import run_demo
+    from gpscale.cli.demo import run_demo
 
     report = run_demo(args.out, quick=args.quick)
     print(report.read_text())

@@ -18,7 +18,7 @@ This package is the infrastructure only. The sharded losses live beside their me
 (:mod:`gpscale.methods.cagp.sharded`: CaGP-Opt's ELBO from per-rank pieces;
 :mod:`gpscale.methods.ski.sharded`: per-rank sufficient statistics, one all-reduce), the
 ``training.fit`` hook in :mod:`gpscale.training.parallel`, one rank of ``gpscale fit`` in
-:mod:`gpscale.benchmarks.rank` and the scaling benchmark in :mod:`gpscale.benchmarks.distributed`.
+:mod:`gpscale.run_parallel` and the scaling benchmark in :mod:`gpscale.benchmarks.distributed`.
 
 Supported methods: ``cagp-opt`` and ``ggp`` (full batch, loss and gradients equal the
 single-process ones) and every ``minibatch=True`` method such as ``svgp``, ``solvegp``,

@@ -48,13 +48,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpscale.limits import available_memory
+from gpscale.limits import available_memory, device_memory
 from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS, OptionError
 from gpscale.methods.registry import get_spec
 
 __all__ = ["AUTO", "RULES", "Choice", "Probe", "choose_method", "needs_probe", "candidates",
-           "check_options", "resolve_options", "pick", "PROBE_RATIO_MIN",
-           "available_memory", "EXACT_MAX_N",
+           "check_options", "resolve_options", "pick", "PROBE_RATIO_MIN", "PROBE_METHOD",
+           "LINEAR_MEMORY", "available_memory", "device_memory", "EXACT_MAX_N",
            "GRID_MAX_DIMS", "CAGP_MAX_N", "CAGP_MAX_N_GPU", "ITERNCGP_MAX_NC"]
 
 log = logging.getLogger("gpscale.fit")
@@ -92,6 +92,11 @@ the inducing points miss little (small ρ) CaGP-Opt is about as accurate as SVGP
 so SVGP, the faster key, serves; where they miss more than the exact GP's own error, CaGP-Opt is
 clearly more accurate at a few times SVGP's time. The boundary sits in the gap between the
 sets measured on either side; more sets would place it better."""
+PROBE_METHOD = "exact"
+"""The key of the probe's GP (:func:`gpscale.training.probe.inducing_probe`)."""
+LINEAR_MEMORY = ("cagp-opt", "svgp", "solvegp", "softki")
+"""The keys ``auto`` picks for regression beyond the exact GP whose memory is linear in n: the
+advice where a dense method's matrices do not fit (:mod:`gpscale.devices`)."""
 
 RULES: tuple[tuple[str, str, str], ...] = (
     ("regression", f"n ≤ {EXACT_MAX_N:,} and n×n fits in memory (on a GPU: any n whose "
@@ -217,12 +222,10 @@ def _choose_on_gpu(n: int, d: int, memory: int | None, device: Any,
                    probe: Probe | None) -> Choice:
     """Regression on a GPU: exact while its float64 matrices fit, then as on the CPU with
     CaGP-Opt's bound :data:`CAGP_MAX_N_GPU`."""
-    from gpscale.devices import DENSE_COPIES, device_memory
-
     if memory is None:
         free = device_memory(device)
         memory = None if free is None else free[0]
-    dense_bytes = DENSE_COPIES["exact"] * 8 * n * n
+    dense_bytes = get_spec("exact").dense_copies * 8 * n * n
     if memory is None or dense_bytes <= GPU_EXACT_MEMORY_FRACTION * memory:
         return Choice("exact", f"n = {n:,} on {device}: the exact GP's {dense_bytes / 2**30:.1f} "
                                "GiB of float64 matrices fit in the GPU's free memory")

@@ -25,6 +25,14 @@ Class attributes describe the method to the training loop, estimators and CLI:
   hyperparameters) means ``condition`` is the whole fit; the runner and the estimators then call
   :func:`gpscale.training.condition_only` instead of ``training.fit``.
 
+The training harness (:mod:`gpscale.training.harness`) and ``training.fit`` use these methods
+and attributes, each with a default here that changes nothing, so a method overrides only what
+it needs: :meth:`Method.training_loss`, :attr:`Method.learns_kernel`, :meth:`Method.finalize`,
+:meth:`Method.holdout_rows` with :meth:`Method.validation_score`, :meth:`Method.resolves` and
+:attr:`Method.max_start_lr`. What the pipeline needs to know about a method key before a module
+exists (training defaults, device sizing, pre-fit, test options) is declared on its
+:class:`~gpscale.methods.registry.MethodSpec`.
+
 ``options`` holds the resolved constructor options (JSON-like) from which the registry can build
 an identical, untrained module; ``gpscale.save``/``gpscale.load`` store it with the state dict.
 """
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -48,12 +57,19 @@ class Method(nn.Module, ABC):
 
     key: ClassVar[str] = ""
     minibatch: ClassVar[bool] = False
+    """The loss on a minibatch is an unbiased estimate of the full loss: ``training.fit`` may
+    iterate over batches, and the ranks of a data-parallel run may each train on their shard
+    (an instance may set it, e.g. SOLVE-GP's collapsed bound is not a sum over points)."""
     needs_data_for_prediction: ClassVar[bool] = True
     trainable: ClassVar[bool] = True
     heldout_noise: ClassVar[bool] = False
     """Regression whose Gaussian noise σ² the harness calibrates on held-out rows after
     training (:mod:`gpscale.training.calibration`); such a method has a ``noise`` tensor and
     implements :meth:`set_noise`."""
+    max_start_lr: float | None = None
+    """The largest learning rate training may start at, or ``None`` (the default): no cap. The
+    harness sets it on a model built from pre-fitted start values (the ``prefit_max_lr``
+    option) and ``train_built`` lowers a larger rate to it."""
 
     def __init__(self, *, task: str = "regression", num_classes: int | None = None,
                  options: dict[str, Any] | None = None):
@@ -86,6 +102,51 @@ class Method(nn.Module, ABC):
     def set_noise(self, value: float) -> None:
         """Set the Gaussian noise variance σ² to ``value`` (methods with ``heldout_noise``)."""
         raise NotImplementedError(f"{type(self).__name__} has no noise to calibrate")
+
+    # -- hooks of the training harness (gpscale.training.harness, training.fit) ---------------
+    def training_loss(self, x: Tensor, y: Tensor) -> Callable[..., Tensor] | None:
+        """The loss ``(model, x_batch, y_batch) -> Tensor`` that ``training.fit`` minimises on
+        ``(x, y)`` when it is given none: one that prepares per-data work once (GGP's sufficient
+        statistics, CaGP-CG's recycled actions). ``None`` (the default): fit's
+        ``default_loss``, ``loss(condition(x_batch, y_batch))``."""
+        return None
+
+    @property
+    def learns_kernel(self) -> bool:
+        """A method that is not ``trainable`` learns its kernel hyperparameters by rounds of
+        :func:`gpscale.training.laplace.learn_kernel` (IterNCGP) instead of only conditioning;
+        ``False`` (the default): conditioning is the whole fit."""
+        return False
+
+    def finalize(self, x: Tensor, y: Tensor, reduce: Callable[[Tensor], Tensor] | None = None,
+                 held: Any = None) -> dict[str, Any] | None:
+        """A closed-form step after training, run by the harness without gradients (SVGP,
+        SOLVE-GP and SGPR set q and σ² to their bound's optimum; SoftKI calibrates its noise):
+        returns what it changed for the last history row (e.g. ``{"noise_calibrated": 0.012}``),
+        after which the harness conditions anew, or ``None`` (the default): nothing changed.
+        ``reduce`` sums a tensor over the ranks of a data-parallel run (``None`` in one
+        process); ``held`` is ``((x, y) trained on, (x, y) held out)`` where rows were held out
+        (:meth:`holdout_rows`, ``heldout_noise``)."""
+        return None
+
+    def holdout_rows(self, n: int) -> int:
+        """How many of ``n`` training rows to hold out: the harness trains on the others, keeps
+        the epoch that scores best on them (:meth:`validation_score`) and hands both to
+        :meth:`finalize` (SoftKI). ``0`` (the default): none. (A method with ``heldout_noise``
+        holds rows out by :func:`gpscale.training.calibration.heldout_rows` instead.)"""
+        return 0
+
+    def validation_score(self, fit: tuple[Tensor, Tensor], held: tuple[Tensor, Tensor],
+                         seed: int = 0) -> Callable[[nn.Module], dict[str, float]]:
+        """The score of the held-out rows ``held`` after each epoch of training on ``fit``
+        (:mod:`gpscale.training.validation`); needed where :meth:`holdout_rows` holds rows out."""
+        raise NotImplementedError(f"{type(self).__name__} holds no rows out to score")
+
+    def resolves(self, x: Tensor, y: Tensor) -> bool:
+        """Whether the model, built from pre-fitted start values, computes its training
+        quantities in ``x``'s dtype (CaGP: a positive definite SᵀK̂S); where not, the harness
+        builds it again from the default start. ``True`` (the default): no check."""
+        return True
 
     summary_types: tuple[type, ...] = ()
     """The dataclasses a :meth:`summary` is made of: a saved file holds them as plain records,

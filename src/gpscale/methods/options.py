@@ -39,6 +39,7 @@ from gpscale.kernels import BACKENDS, KERNELS
 
 __all__ = ["Option", "OptionError", "resolve_options", "coerce", "describe_options",
            "GPYTORCH_NOISE_FLOOR", "PRIOR_OPTIONS", "PREFIT_OPTIONS", "AUTO_PREFIT_MIN_POINTS",
+           "PREFIT_AUTO", "PREFIT_EXACT", "PREFIT_OFF",
            "INDUCING_OPTIONS", "KERNEL_PRODUCT_OPTIONS", "prior_options_with"]
 
 KINDS = ("int", "float", "bool", "str", "floats", "ints", "bounds")
@@ -307,11 +308,14 @@ cheap enough for many hundreds of epochs in the default budget, and its default 
 that long, ends better than the pre-fit's; above it the budget holds too few epochs to get far
 from the default start, and the pre-fit wins (BENCHMARKS "defaults")."""
 
+PREFIT_AUTO, PREFIT_EXACT, PREFIT_OFF = "auto", "exact", "off"
+"""The values of the ``prefit`` option (:data:`PREFIT_OPTIONS`)."""
+
 PREFIT_OPTIONS = (
-    Option("prefit", "str", "auto", "exact: start the lengthscales, outputscale and noise not "
-           "given from an exact GP fitted to a random subset (L-BFGS); off: √d, var(y), "
+    Option("prefit", "str", PREFIT_AUTO, "exact: start the lengthscales, outputscale and noise "
+           "not given from an exact GP fitted to a random subset (L-BFGS); off: √d, var(y), "
            f"0.1 var(y); auto: exact above {AUTO_PREFIT_MIN_POINTS:,} training points",
-           choices=("auto", "exact", "off")),
+           choices=(PREFIT_AUTO, PREFIT_EXACT, PREFIT_OFF)),
     Option("prefit_size", "int", 2000, "points of the pre-fit's subset", minimum=2),
     Option("prefit_max_lr", "float", 0.1, "training's learning rate is at most this from a "
            "pre-fitted start", minimum=0.0, exclusive=True),

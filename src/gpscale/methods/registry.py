@@ -3,8 +3,13 @@
 Each key declares its options once (:class:`~gpscale.methods.options.Option`: name, kind,
 default, help); :func:`build` validates what it is given against that declaration — an unknown
 key or an ill-typed value is a ``ValueError`` listing the valid options — and passes the factory
-every declared option, defaults filled in. Training defaults are not declared here but beside
-``FitConfig`` (:data:`gpscale.training.config.METHOD_DEFAULTS`).
+every declared option, defaults filled in. Everything else the pipeline needs to know about a
+key is declared on its :class:`MethodSpec` too, in the family's package, with a documented
+default: training defaults per preset (read by :mod:`gpscale.training.config`, which turns them
+into ``FitConfig`` objects), GPU inducing sets and dense-memory copies (:mod:`gpscale.devices`),
+a hyperparameter pre-fit (:class:`Prefit`, :mod:`gpscale.training.prefit`) and small options for
+tests (:data:`gpscale.testing.SMALL_OPTIONS`). The shared pieces of the training defaults
+(:data:`CONVERGE`, :data:`MINIBATCH`, :func:`training_presets`) are here.
 
 A factory has the signature ``factory(num_dims, *, task, num_classes, init, **options) ->
 Method``. ``init`` is ``(x, y)`` training data used for data-dependent initialisation (k-means
@@ -15,7 +20,7 @@ so that ``build(key, num_dims, init=None, **model.options)`` rebuilds the same a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +29,86 @@ from torch import Tensor
 from gpscale.methods.base import Method
 from gpscale.methods.options import Option, describe_options, resolve_options
 
-__all__ = ["MethodSpec", "METHODS", "register", "build", "get_spec"]
+__all__ = ["MethodSpec", "METHODS", "register", "build", "get_spec", "Prefit", "PRESETS",
+           "DEFAULT_BUDGET_S", "FULL_BATCH", "MINIBATCH", "CONVERGE", "training_presets",
+           "DeclaredTable"]
+
+PRESETS = ("default", "paper")
+"""The training presets (``--preset``): ``default`` stops on convergence within
+:data:`DEFAULT_BUDGET_S`; ``paper`` runs the fixed epochs and learning rates of the benchmark
+suites."""
+
+DEFAULT_BUDGET_S = 300.0
+"""Wall-clock training budget of every method's defaults (seconds); ``--max-time`` overrides."""
+
+FULL_BATCH: dict[str, Any] = {"optimizer": "adam", "batch_size": None, "dtype": "float64"}
+"""Training settings (``FitConfig`` fields) of a full-batch method: Adam on all the data in
+float64."""
+
+MINIBATCH: dict[str, Any] = {"optimizer": "adam", "lr": 0.01, "epochs": 50, "batch_size": 1024,
+                             "dtype": "float32"}
+"""Training settings of a minibatch method: Adam, lr 0.01, batches of 1,024 in float32 (GPyTorch's
+SVGP examples and the papers' minibatch runs)."""
+
+# Every trainable method's default preset: Adam from a method-specific learning rate, lowered by
+# 0.3 whenever the loss has not improved by 0.1% for 50 optimiser steps, until it reaches 1% of
+# its start (then the run has converged), within 1000 epochs and the time budget. A full-batch run
+# also stops at a plateau its loss reached in a steady descent, and an improvement below the
+# loss's standard error (0.71/√n per datum) counts as none (``noise_plateau``; BENCHMARKS
+# "Stopping on the loss's noise"). A minibatch run whose plateaus come late is annealed on the
+# budget's clock (``budget_anneal``: lr × 0.3 at 50, 75 and 90 % of it), so a run its budget ends
+# does not end at the starting rate's gradient noise.
+CONVERGE: dict[str, Any] = dict(
+    epochs=1000, max_time=DEFAULT_BUDGET_S, scheduler="plateau", patience=50, lr_end_factor=0.01,
+    plateau_factor=0.3, min_delta=1e-3, noise_plateau=True, budget_anneal=True)
+"""The settings that make a ``default`` preset stop on convergence (comment above)."""
+
+
+def training_presets(paper: Mapping[str, Any], **default: Any) -> dict[str, dict[str, Any]]:
+    """``MethodSpec.training_defaults`` whose ``paper`` preset is ``paper`` and whose ``default``
+    preset stops on convergence (:data:`CONVERGE`) from ``paper``'s settings with the changes
+    ``default`` (its learning rate, ...)."""
+    return {"paper": dict(paper), "default": {**paper, **CONVERGE, **default}}
+
+
+@dataclass(frozen=True)
+class Prefit:
+    """The hyperparameter pre-fit a method asks the training harness for, before the build
+    (:func:`gpscale.training.prefit.fill_prefit_options`).
+
+    Attributes:
+        kind: ``"subset"``: where the method's ``prefit`` option asks for it
+            (:data:`~gpscale.methods.options.PREFIT_OPTIONS`; regression only), ``model`` fitted
+            to ``prefit_size`` random training points with that key's default training settings
+            (its noise then chosen on other training points) supplies the lengthscale(s),
+            outputscale and noise not given, and training starts from them at a learning rate
+            of at most ``prefit_max_lr``. ``"kernel"``: the kernel stays fixed, and a short
+            minibatch fit of ``model`` supplies the lengthscale and outputscale not given.
+        model: the registered key of the model the pre-fit trains.
+        arguments: ``"kernel"``: ``(resolved options, x) -> dict``, the keyword arguments of
+            :func:`~gpscale.training.prefit.prefit_hyperparameters` besides the data, the task,
+            the classes and ``method`` (the family resolves its own options there).
+        learned_start: ``"kernel"``: ``(resolved options, task) -> bool``, whether the method
+            learns its kernel from a start that needs no pre-fit instead (the median distance
+            between training inputs and outputscale 1); ``None``: never.
+        check: ``"subset"``: ``(pre-fitted values, resolved options, n) -> None``, raising
+            :class:`~gpscale.errors.NumericalError` where the method cannot start from those
+            values (then training starts from the defaults); ``None``: no check.
+    """
+
+    kind: str
+    model: str
+    arguments: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+    learned_start: Callable[[dict[str, Any], str], bool] | None = None
+    check: Callable[[dict[str, Any], dict[str, Any], int], None] | None = None
+
+    KINDS = ("subset", "kernel")
+
+    def __post_init__(self):
+        if self.kind not in self.KINDS:
+            raise ValueError(f"pre-fit kind must be one of {self.KINDS}; got {self.kind!r}")
+        if self.kind == "kernel" and self.arguments is None:
+            raise ValueError("a 'kernel' pre-fit needs its arguments(options, x)")
 
 
 @dataclass(frozen=True)
@@ -39,12 +123,24 @@ class MethodSpec:
         status: ``"ready"``, ``"experimental"`` or ``"planned"``.
         options: the declared method options (what ``-o KEY=VALUE`` and the estimators'
             keywords accept).
-        prefit: the kernel is fixed and a missing ``lengthscale`` / ``outputscale`` comes from
-            an SVGP pre-fit that the training harness runs before the build
-            (:mod:`gpscale.training.prefit`).
+        prefit: the hyperparameter pre-fit the training harness runs before the build
+            (:class:`Prefit`); ``None`` (the default): none.
         saved_defaults: option values a model saved before the option existed was built with
             (``gpscale.load`` fills them in, so a changed default does not change an old file's
             predictions).
+        training_defaults: per preset (:data:`PRESETS`), the ``FitConfig`` fields that differ
+            from ``FitConfig()`` (``gpscale.training.default_fit_config`` builds the config); a
+            preset not declared trains with ``FitConfig()``. Build them from :data:`FULL_BATCH`,
+            :data:`MINIBATCH` and :func:`training_presets`.
+        gpu_inducing: inducing-set options sized for a GPU where the method trains one latent
+            function (regression) and the user gave no size: option → ``(cap, divisor)``, i.e.
+            ``min(cap, n // divisor)`` (:func:`gpscale.devices.inducing_options`); ``{}``: none.
+        dense_copies: the n × n matrices of the training dtype the method holds at its peak,
+            for the check before training that they fit the device
+            (:func:`gpscale.devices.check_dense_fits`); ``None`` (the default): it forms none.
+        test_options: options small enough that the method builds and trains on a few dozen
+            points in well under a second (:data:`gpscale.testing.SMALL_OPTIONS`); a method
+            with a ``"kernel"`` pre-fit gets a fixed kernel there so that none runs.
     """
 
     key: str
@@ -53,13 +149,25 @@ class MethodSpec:
     summary: str
     status: str = "ready"
     options: tuple[Option, ...] = ()
-    prefit: bool = False
+    prefit: Prefit | None = None
     saved_defaults: dict[str, Any] = field(default_factory=dict)
+    training_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    gpu_inducing: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    dense_copies: float | None = None
+    test_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         names = [o.name for o in self.options]
         if len(set(names)) != len(names):
             raise ValueError(f"method {self.key!r} declares an option twice: {names}")
+        unknown = set(self.training_defaults) - set(PRESETS)
+        if unknown:
+            raise ValueError(f"method {self.key!r} declares training defaults of unknown "
+                             f"presets {sorted(unknown)}; presets: {', '.join(PRESETS)}")
+        undeclared = sorted(set(self.gpu_inducing) - set(names))
+        if undeclared:
+            raise ValueError(f"method {self.key!r} sizes undeclared options for a GPU: "
+                             f"{undeclared}")
 
     def resolve(self, options: dict[str, Any], *, fill_defaults: bool = True) -> dict[str, Any]:
         """``options`` checked against the declaration and typed (``OptionError`` if not)."""
@@ -98,3 +206,34 @@ def build(key: str, num_dims: int, *, task: str = "regression", num_classes: int
     model.method_key = key
     model.num_dims = num_dims
     return model
+
+
+class DeclaredTable(Mapping[str, Any]):
+    """A read-only view ``{key: spec.<name>}`` of one :class:`MethodSpec` field over the
+    registered keys (with ``every=False`` only those that declare a value other than ``None`` or
+    empty): the tables these declarations replaced keep their names this way
+    (``gpscale.devices.DENSE_COPIES``, ``gpscale.testing.SMALL_OPTIONS``). A mapping value
+    comes as a copy."""
+
+    def __init__(self, name: str, *, every: bool = False):
+        self.name, self.every = name, every
+
+    def _declares(self, spec: MethodSpec) -> bool:
+        value = getattr(spec, self.name)
+        return self.every or (value is not None and value != {})
+
+    def __getitem__(self, key: str) -> Any:
+        spec = METHODS[key]
+        if not self._declares(spec):
+            raise KeyError(key)
+        value = getattr(spec, self.name)
+        return dict(value) if isinstance(value, Mapping) else value  # a copy: the spec stays
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, spec in list(METHODS.items()) if self._declares(spec))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self)!r})"

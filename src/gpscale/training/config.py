@@ -1,19 +1,22 @@
 """Training configuration: a frozen dataclass validated on construction, and each method's
-defaults as one (:data:`METHOD_DEFAULTS`)."""
+defaults as one (:data:`METHOD_DEFAULTS`), read from what its family declares
+(``MethodSpec.training_defaults``)."""
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
 
 from gpscale.devices import minibatch_size
+from gpscale.methods.registry import DEFAULT_BUDGET_S, METHODS
 
 __all__ = ["FitConfig", "OPTIMIZERS", "SCHEDULERS", "DTYPES", "METHOD_DEFAULTS", "PAPER_DEFAULTS",
-           "PRESETS", "DEFAULT_BUDGET_S", "MAX_LR",
+           "PRESETS", "DEFAULT_BUDGET_S", "MAX_LR", "PresetDefaults",
            "default_fit_config", "resolve_fit_config"]
 
 OPTIMIZERS = ("adam", "lbfgs")
@@ -181,85 +184,48 @@ def _positive_int(name: str, value: int) -> None:
         raise ValueError(f"{name} must be an integer ≥ 1; got {value!r}")
 
 
-_FULL_BATCH_ADAM = FitConfig(optimizer="adam", batch_size=None)
-_MINIBATCH = FitConfig(optimizer="adam", lr=0.01, epochs=50, batch_size=1024, dtype="float32")
+class PresetDefaults(Mapping[str, FitConfig]):
+    """One preset's training defaults of every registered method key, as ``FitConfig`` objects:
+    a read-only view of what each family declares (``MethodSpec.training_defaults``), built
+    once per key (the same object on every lookup); a key that declares nothing for the preset
+    is not in it (it trains with ``FitConfig()``)."""
 
-PAPER_DEFAULTS: dict[str, FitConfig] = {
-    # GPyTorch baselines: full batch in float64; SVGP minibatches in float32 as GPyTorch's examples.
-    "exact": replace(_FULL_BATCH_ADAM, lr=0.1, epochs=50),
-    "cggp": replace(_FULL_BATCH_ADAM, lr=0.1, epochs=50),
-    "sgpr": replace(_FULL_BATCH_ADAM, lr=0.1, epochs=100),
-    "svgp": _MINIBATCH,
-    # SOLVE-GP as the svgp baseline; the paper (App. G): Adam, lr 0.01, batch 1024.
-    "solvegp": _MINIBATCH,
-    # SoftKI: the paper's Adam, lr 0.01, batch 1024 in float32.
-    "softki": _MINIBATCH,
-    # CaGP, Table S1: Adam in float32 with LinearLR(end_factor=0.1), full batch; lr 0.1 is the
-    # middle of the paper's sweep {1, 0.1, 0.01}. The paper runs 1000 (CaGP-Opt) and 250
-    # (CaGP-CG) epochs on a GPU; on a CPU a CaGP-Opt epoch at ten thousand points or more takes
-    # seconds and a CaGP-CG epoch minutes, hence 200 and 50.
-    "cagp-opt": FitConfig(lr=0.1, epochs=200, scheduler="linear", lr_end_factor=0.1,
-                          dtype="float32"),
-    "cagp-cg": FitConfig(lr=0.1, epochs=50, scheduler="linear", lr_end_factor=0.1,
-                         dtype="float32"),
-    # IterNCGP and its SoD baseline train nothing (``trainable`` is False); float64 as the paper.
-    "iterncgp": replace(_FULL_BATCH_ADAM, epochs=1),
-    "sod-laplace": replace(_FULL_BATCH_ADAM, epochs=1),
-    # SKI/GGP: full batch (the statistics are sums over all data; a minibatch needs new ones).
-    "ski": replace(_FULL_BATCH_ADAM, lr=0.05, epochs=40),
-    "ggp": replace(_FULL_BATCH_ADAM, lr=0.05, epochs=40),
-}
+    def __init__(self, preset: str):
+        self.preset = preset
+        self._built: dict[str, tuple[Any, FitConfig]] = {}
+
+    def __getitem__(self, key: str) -> FitConfig:
+        spec = METHODS[key]
+        declared = spec.training_defaults.get(self.preset)
+        if declared is None:
+            raise KeyError(key)
+        built = self._built.get(key)
+        if built is None or built[0] is not spec:  # a key registered anew (tests) builds anew
+            built = self._built[key] = (spec, FitConfig(**declared))
+        return built[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, spec in list(METHODS.items())
+                if self.preset in spec.training_defaults)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"PresetDefaults({self.preset!r}: {sorted(self)})"
+
+
+PAPER_DEFAULTS = PresetDefaults("paper")
 """The ``paper`` preset: the fixed epoch counts and learning rates the benchmark suites ran
 with before training stopped on convergence (``gpscale fit --preset paper``)."""
 
-DEFAULT_BUDGET_S = 300.0
-"""Wall-clock training budget of every method's defaults (seconds); ``--max-time`` overrides."""
-
-# Every trainable method: Adam from a method-specific learning rate, lowered by 0.3 whenever the
-# loss has not improved by 0.1% for 50 optimiser steps, until it reaches 1% of its start (then
-# the run has converged), within 1000 epochs and the time budget. A full-batch run also stops at
-# a plateau its loss reached in a steady descent, and an improvement below the loss's standard
-# error (0.71/√n per datum) counts as none (``noise_plateau``; BENCHMARKS "Stopping on the
-# loss's noise"). A minibatch run whose plateaus come late is annealed on the budget's clock
-# (``budget_anneal``: lr × 0.3 at 50, 75 and 90 % of it), so a run its budget ends does not end
-# at the starting rate's gradient noise.
-_CONVERGE = dict(epochs=1000, max_time=DEFAULT_BUDGET_S, scheduler="plateau", patience=50,
-                 lr_end_factor=0.01, plateau_factor=0.3, min_delta=1e-3, noise_plateau=True,
-                 budget_anneal=True)
-
-METHOD_DEFAULTS: dict[str, FitConfig] = {
-    **PAPER_DEFAULTS,
-    **{key: replace(PAPER_DEFAULTS[key], **_CONVERGE, lr=lr) for key, lr in (
-        ("exact", 0.1), ("cggp", 0.1), ("sgpr", 0.1),
-        # Table 1 of the CaGP paper: the best SVGP learning rate is 0.1 or 0.01 by data set; start
-        # high (ARD lengthscales of unimportant inputs need large steps) and let plateaus lower it.
-        ("svgp", 0.1), ("solvegp", 0.1),
-        # SoftKI: 3× the paper's 0.01. Under the plateau schedule 0.01 stops short, behind
-        # SVGP's test NLL; 0.03 gains clearly on most sets at a small cost on a few, and 0.1
-        # overshoots (BENCHMARKS "defaults").
-        ("softki", 0.03),
-        # CaGP-Opt and CaGP-CG train best at lr 1.0 on most sets of Table 1 (0.1 on Protein,
-        # which the plateau schedule reaches); a failed first step backs off by 0.3. (With
-        # CaGP-Opt's opt-in ``-o prefit=exact`` use ``--lr 0.1``: lr 1.0 throws the pre-fitted
-        # values away in its first steps.)
-        ("cagp-opt", 1.0), ("cagp-cg", 1.0),
-        ("ski", 0.05), ("ggp", 0.05))},
-}
+METHOD_DEFAULTS = PresetDefaults("default")
 """Each method key's default training settings (the ``default`` preset): stop on convergence
-within :data:`DEFAULT_BUDGET_S`; a key not listed trains with ``FitConfig()``."""
+within :data:`DEFAULT_BUDGET_S` (:data:`gpscale.methods.registry.CONVERGE`); a key not listed
+trains with ``FitConfig()``."""
 
-# The exact GP: its loss and gradient are deterministic and an evaluation costs O(n³) (seconds
-# at a few thousand points), so L-BFGS with a line search is far ahead of Adam per evaluation
-# within the time budget (BENCHMARKS "defaults"). Five iterations per
-# epoch keep the time budget checked often; a plateau of 2 epochs is 10 iterations.
-METHOD_DEFAULTS["exact"] = replace(METHOD_DEFAULTS["exact"], optimizer="lbfgs", lr=1.0,
-                                   lbfgs_max_iter=5, patience=2)
-
-# IterNCGP learns its kernel by default (rounds of L-BFGS and warm-started refinements, not
-# epochs): the same budget bounds the rounds (the final conditioning runs after it).
-METHOD_DEFAULTS["iterncgp"] = replace(METHOD_DEFAULTS["iterncgp"], max_time=DEFAULT_BUDGET_S)
-
-PRESETS: dict[str, dict[str, FitConfig]] = {"default": METHOD_DEFAULTS, "paper": PAPER_DEFAULTS}
+PRESETS: dict[str, PresetDefaults] = {"default": METHOD_DEFAULTS, "paper": PAPER_DEFAULTS}
+"""The presets (:data:`gpscale.methods.registry.PRESETS`) by name."""
 
 
 def default_fit_config(method: str, preset: str = "default") -> FitConfig:

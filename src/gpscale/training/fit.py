@@ -88,10 +88,10 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
 
     Args:
         model: the module whose parameters are optimised.
-        loss_fn: ``(model, x_batch, y_batch) -> scalar`` to minimise; ``None`` uses the
-            model's ``training_loss(x, y)`` when it has one (a loss function that prepares the
-            per-data work once, e.g. GGP's sufficient statistics; ``None`` when there is
-            nothing to prepare), else :func:`default_loss`.
+        loss_fn: ``(model, x_batch, y_batch) -> scalar`` to minimise; ``None`` (the model is
+            then a :class:`~gpscale.methods.base.Method`) uses the model's
+            ``training_loss(x, y)`` (a loss function that prepares the per-data work once, e.g.
+            GGP's sufficient statistics), or where that is ``None`` :func:`default_loss`.
         data: training inputs (n, d) and targets (n,).
         config: optimisation options (:class:`FitConfig`); defaults when ``None``.
         callbacks: objects with ``on_epoch_end(model, epoch, row, final=False)`` returning
@@ -121,8 +121,7 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
     config = config or FitConfig()
     x, y = data
     if loss_fn is None:  # a method may prepare per-data work once (GGP's statistics)
-        training_loss = getattr(model, "training_loss", None)
-        loss_fn = (None if training_loss is None else training_loss(x, y)) or default_loss
+        loss_fn = model.training_loss(x, y) or default_loss
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]}")
     params = [p for p in model.parameters() if p.requires_grad]

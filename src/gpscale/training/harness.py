@@ -2,23 +2,27 @@
 
 Every caller goes through these two functions — ``gpscale fit`` and the benchmark suites
 (:mod:`gpscale.run`), the scikit-learn estimators and each rank of a data-parallel run
-(``benchmarks.rank``, which shards the data between the two):
+(:mod:`gpscale.run_parallel`, which shards the data between the two):
 
 1. :func:`build_method` builds the method from the registry under a forked, seeded RNG (so the
    initialisation is reproducible and the caller's RNG untouched), in the training dtype, and
-   times it; for methods with a fixed kernel (IterNCGP) it first runs the SVGP pre-fit of the
-   hyperparameters not given, for CaGP-Opt and CaGP-CG the exact-GP pre-fit on a subset
-   (:mod:`gpscale.training.prefit`).
-2. :func:`train_built` trains it with ``training.fit`` (at most the method's ``prefit_max_lr``
-   from a pre-fitted start; or conditions a method with nothing to train), then runs the
-   method's closed-form ``finalize(x, y, reduce)`` step when it has one (SoftKI calibrates its
-   noise there; SVGP, SOLVE-GP and SGPR set q and σ² to their bound's optimum), and returns
-   the state to predict with. A method that asks for held-out rows (``holdout_rows``, SoftKI)
+   times it; first it runs the pre-fit the method declares (``MethodSpec.prefit``: the SVGP
+   pre-fit of a fixed kernel's hyperparameters not given, IterNCGP; the exact-GP pre-fit on a
+   subset, CaGP-Opt and CaGP-CG; :mod:`gpscale.training.prefit`).
+2. :func:`train_built` trains it with ``training.fit`` (at most the model's ``max_start_lr``
+   from a pre-fitted start; or conditions a method with nothing to train, or learns its kernel
+   where it ``learns_kernel``), then runs the method's closed-form
+   ``finalize(x, y, reduce, held)`` step (SoftKI calibrates its noise there; SVGP, SOLVE-GP
+   and SGPR set q and σ² to their bound's optimum; the default does nothing), and returns the
+   state to predict with. A method that asks for held-out rows (``holdout_rows``, SoftKI)
    trains on the others, with the best epoch on the held-out rows kept
    (:mod:`gpscale.training.validation`); ``finalize`` gets both and the state conditions on all
    rows. A method that declares ``heldout_noise`` (GGP, SKI, SGPR, CaGP-CG)
    trains on all but a few rows and sets σ² by them after training
    (:mod:`gpscale.training.calibration`).
+
+Each hook is a documented method of :class:`~gpscale.methods.base.Method` with a default that
+changes nothing; nothing here names a method key or probes a model for an attribute.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
     ``training.fit``; its ``all_reduce`` (sum over ranks) is handed to ``finalize``.
     """
     x, y = train
-    cap = getattr(model, "max_start_lr", None)
+    cap = model.max_start_lr
     if cap is not None and config.lr > cap:  # a pre-fitted start: keep it
         log.info("training from the pre-fitted hyperparameters at lr %g (not %g; "
                  "-o prefit_max_lr)", cap, config.lr)
@@ -125,19 +129,17 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
         state = None
     elif model.trainable:
         history, state = fit(model, loss_fn, train, config, callbacks, parallel=parallel), None
-    elif getattr(model, "learns_kernel", False):  # IterNCGP: Newton and evidence steps
+    elif model.learns_kernel:  # IterNCGP: Newton and evidence steps
         history, state = learn_kernel(model, train, config, callbacks)
     else:
         history, state = condition_only(model, train, callbacks)
-    finalize = getattr(model, "finalize", None)
-    if finalize is not None:
-        with torch.no_grad():
-            changed = finalize(x, y, getattr(parallel, "all_reduce", None),
-                               **({} if split is None else {"held": split}))
-        if changed:  # e.g. {"noise_calibrated": 0.012}: recorded with the last epoch
-            if history.rows:
-                history.rows[-1].update(changed)
-            state = None
+    with torch.no_grad():
+        changed = model.finalize(x, y, getattr(parallel, "all_reduce", None),
+                                 **({} if split is None else {"held": split}))
+    if changed:  # e.g. {"noise_calibrated": 0.012}: recorded with the last epoch
+        if history.rows:
+            history.rows[-1].update(changed)
+        state = None
     if calibrating:
         model.eval()
         with torch.no_grad():
@@ -160,8 +162,8 @@ def _holdout(model: Method, train: tuple[Tensor, Tensor], config: FitConfig, par
     """(rows to train on, rows held out) for a method that asks for held-out rows
     (``holdout_rows(n)``, e.g. SoftKI), else ``None``. One process only: the ranks of a
     data-parallel run train on all their rows (SoftKI then calibrates by the likelihood)."""
-    rows = heldout_rows if model.heldout_noise else getattr(model, "holdout_rows", None)
-    if rows is None or not model.trainable:
+    rows = heldout_rows if model.heldout_noise else model.holdout_rows
+    if not model.trainable:
         return None
     count = rows(train[0].shape[0])
     if count and parallel is not None:

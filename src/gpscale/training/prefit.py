@@ -1,22 +1,25 @@
 """Hyperparameter pre-fits, run by the harness (:func:`gpscale.training.harness.build_method`)
-before it builds a method: training steps, so they live here.
+before it builds a method: training steps, so they live here. Which pre-fit a method wants, and
+its family's part in it, is declared on its registry entry
+(:class:`~gpscale.methods.registry.Prefit`, ``MethodSpec.prefit``):
 
-- The methods that keep their kernel fixed (``iterncgp``, ``sod-laplace``; a registry entry with
-  ``prefit=True``): a short SVGP fit supplies the lengthscale and outputscale the user did not
-  give (paper 000, §C.4).
-- A regression method whose ``prefit`` option (:data:`~gpscale.methods.options.PREFIT_OPTIONS`:
-  ``cagp-opt``, ``cagp-cg``) is ``'exact'``, or ``'auto'`` (the default) with more than
-  :data:`AUTO_PREFIT_MIN_POINTS` training points: an exact GP fitted to ``prefit_size`` random
-  training points (the ``exact`` key's L-BFGS defaults, at most :data:`EXACT_PREFIT_EPOCHS`),
-  its noise then chosen on held-out training points (:func:`validated_noise`), supplies the
-  lengthscales, outputscale and noise not given. CaGP's epoch is O(n²), so at a few ten
-  thousand points its default budget holds only tens of epochs: from √d lengthscales that ends
-  far from converged (behind SVGP), from the subset's values (at lr ≤ ``prefit_max_lr``,
-  :func:`prefit_lr_cap`) well ahead of it. A start the training dtype cannot resolve (noise
-  below :data:`RESOLVABLE_ULPS` rounding units of the outputscale: Bike's subset in float32),
-  or whose Gram matrix the training dtype cannot factor (:func:`start_resolvable`, KEGGu),
-  or, for CaGP-CG, one its CG actions cannot solve at (Kin40k), is not used; like a failed
-  pre-fit it warns and training starts from the defaults (BENCHMARKS "defaults").
+- ``"kernel"``: the method keeps its kernel fixed (IterNCGP, SoD-Laplace): a short fit of the
+  declared variational model supplies the lengthscale and outputscale the user did not give
+  (paper 000, §C.4), with the settings the family resolves from its ``prefit_*`` options.
+- ``"subset"``: a regression method whose ``prefit`` option
+  (:data:`~gpscale.methods.options.PREFIT_OPTIONS`: CaGP-Opt, CaGP-CG) is ``'exact'``, or
+  ``'auto'`` (the default) with more than :data:`AUTO_PREFIT_MIN_POINTS` training points: the
+  declared exact GP fitted to ``prefit_size`` random training points (its key's L-BFGS
+  defaults, at most :data:`EXACT_PREFIT_EPOCHS`), its noise then chosen on held-out training
+  points (:func:`validated_noise`), supplies the lengthscales, outputscale and noise not given.
+  CaGP's epoch is O(n²), so at a few ten thousand points its default budget holds only tens of
+  epochs: from √d lengthscales that ends far from converged (behind SVGP), from the subset's
+  values (at lr ≤ ``prefit_max_lr``, :func:`prefit_lr_cap`) well ahead of it. A start the
+  training dtype cannot resolve (noise below :data:`RESOLVABLE_ULPS` rounding units of the
+  outputscale: Bike's subset in float32), or whose Gram matrix the training dtype cannot factor
+  (:func:`start_resolvable`, KEGGu), or one the family's check refuses (CaGP-CG: its CG actions
+  cannot solve there, Kin40k), is not used; like a failed pre-fit it warns and training starts
+  from the defaults (BENCHMARKS "defaults").
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from torch import Tensor
 
 from gpscale.errors import NumericalError
 from gpscale.kernels import kernel_hyperparameters
-from gpscale.methods._common import default_size
-from gpscale.methods.cagp.cg import cg_action_cap
-from gpscale.methods.iterncgp.latent import resolve_ard
-from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS, GPYTORCH_NOISE_FLOOR
+from gpscale.methods.base import Method
+from gpscale.methods.options import (
+    AUTO_PREFIT_MIN_POINTS,
+    GPYTORCH_NOISE_FLOOR,
+    PREFIT_AUTO,
+    PREFIT_EXACT,
+)
 from gpscale.methods.registry import build, get_spec
-from gpscale.training.config import METHOD_DEFAULTS, FitConfig
+from gpscale.training.config import FitConfig, default_fit_config
 from gpscale.training.fit import fit
 
 __all__ = ["prefit_hyperparameters", "fill_prefit_options", "exact_prefit", "prefit_lr_cap",
@@ -61,9 +67,6 @@ EXACT_PREFIT_SECONDS = 300.0
 """A safety limit on the pre-fit's seconds; convergence or the epoch cap
 :data:`EXACT_PREFIT_EPOCHS` ends it first on every set measured."""
 
-CG_ACTION_METHODS = ("cagp-cg",)
-"""Methods whose actions are CG iterates; their pre-fit must also pass :func:`_check_cg_reach`."""
-
 VALIDATION_POINTS = 1000
 """Most training points outside the pre-fit's subset on which :func:`validated_noise` picks the
 noise (half the subset's size at most)."""
@@ -82,25 +85,32 @@ _PRIOR_KEYS = ("lengthscale", "outputscale", "noise")
 
 def fill_prefit_options(method: str, train: tuple[Tensor, Tensor], *, task: str,
                         num_classes: int | None, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with the missing prior options filled in by a pre-fit: ``lengthscale``,
-    ``outputscale`` and ``noise`` by :func:`exact_prefit` for a regression method whose
-    ``prefit`` option is ``'exact'`` (a failed pre-fit warns and leaves them to the defaults);
-    ``lengthscale`` and ``outputscale`` by :func:`prefit_hyperparameters` for a fixed-kernel
-    method (a registry entry with ``prefit=True``), using its ``prefit_*`` options. Other
-    methods' options are returned unchanged. A classification method that learns its kernel
-    (``learn_kernel``) starts from :func:`median_distance_start` and outputscale 1 instead."""
+    """``options`` with the missing prior options filled in by the pre-fit the method declares
+    (``MethodSpec.prefit``): ``"subset"``: ``lengthscale``, ``outputscale`` and ``noise`` by
+    :func:`exact_prefit` for regression where its ``prefit`` option asks for it (a failed
+    pre-fit warns and leaves them to the defaults); ``"kernel"``: ``lengthscale`` and
+    ``outputscale`` by :func:`prefit_hyperparameters` with the settings the family resolves
+    from its options, or, where the family says the method learns its kernel from a start that
+    needs none (``learned_start``), :func:`median_distance_start` and outputscale 1. Other
+    methods' options are returned unchanged."""
     spec = get_spec(method)
     opts = spec.resolve(options)
-    if exact_prefit_wanted(opts, train[0].shape[0]) and task == "regression":
+    policy = spec.prefit
+    if policy is None:
+        return options
+    if policy.kind == "subset":
+        if task != "regression" or not exact_prefit_wanted(opts, train[0].shape[0]):
+            return options
         missing = [k for k in _PRIOR_KEYS if opts[k] is None]
         if not missing:
             return options
         try:
-            found = exact_prefit(*train, kernel=opts["kernel"], ard=opts["ard"],
-                                 size=opts["prefit_size"], seed=opts.get("seed", 0))
+            found = exact_prefit(*train, method=policy.model, kernel=opts["kernel"],
+                                 ard=opts["ard"], size=opts["prefit_size"],
+                                 seed=opts.get("seed", 0))
             _check_resolvable(found, train[0].dtype)
-            if method in CG_ACTION_METHODS:
-                _check_cg_reach(found, opts["num_actions"], train[0].shape[0])
+            if policy.check is not None:
+                policy.check(found, opts, train[0].shape[0])
         except (NumericalError, RuntimeError) as err:  # a start value only: recover
             warnings.warn(f"{method}: the exact-GP pre-fit of the hyperparameters failed "
                           f"({err}); training starts from the default values (√d, var(y), "
@@ -108,32 +118,27 @@ def fill_prefit_options(method: str, train: tuple[Tensor, Tensor], *, task: str,
                           f"pre-fit", stacklevel=2)
             return options
         return {**options, **{k: found[k] for k in missing}}
-    if not spec.prefit:
-        return options
     if opts["lengthscale"] is not None and opts["outputscale"] is not None:
         return options
     x, y = train
     if task == "classification" and num_classes is None:
         num_classes = max(2, int(y.max()) + 1)
-    if opts.get("learn_kernel") and task == "classification":
+    if policy.learned_start is not None and policy.learned_start(opts, task):
         ls, os_ = median_distance_start(x), 1.0  # only a start: the rounds learn θ
         return {**options,
                 "lengthscale": ls if opts["lengthscale"] is None else opts["lengthscale"],
                 "outputscale": os_ if opts["outputscale"] is None else opts["outputscale"]}
-    ls, os_ = prefit_hyperparameters(
-        x, y, task=task, num_classes=num_classes, kernel=opts["kernel"],
-        ard=resolve_ard(opts["ard"], x.shape[1]),
-        per_latent=not opts["shared_kernel"], num_inducing=opts["prefit_num_inducing"],
-        steps=opts["prefit_steps"], lr=opts["prefit_lr"], batch_size=opts["prefit_batch_size"],
-        seed=opts["seed"])
+    ls, os_ = prefit_hyperparameters(x, y, task=task, num_classes=num_classes,
+                                     method=policy.model, **policy.arguments(opts, x))
     return {**options, "lengthscale": ls if opts["lengthscale"] is None else opts["lengthscale"],
             "outputscale": os_ if opts["outputscale"] is None else opts["outputscale"]}
 
 
 def median_distance_start(x: Tensor, size: int = 1000, seed: int = 0) -> float:
     """The median distance between ``size`` random training points: the starting lengthscale
-    of a kernel that learning will move (IterNCGP's classification with ``learn_kernel``,
-    whose rounds reach the same θ from it as from the SVGP pre-fit, without the pre-fit's time)."""
+    of a kernel that learning will move (a ``"kernel"`` pre-fit's ``learned_start``: IterNCGP's
+    classification with ``learn_kernel``, whose rounds reach the same θ from it as from the SVGP
+    pre-fit, without the pre-fit's time)."""
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(x.shape[0], generator=g)[:size]
     sub = x[idx].double()
@@ -146,7 +151,7 @@ def exact_prefit_wanted(opts: dict[str, Any], num_train: int) -> bool:
     """Whether resolved options ``opts`` ask for :func:`exact_prefit` with ``num_train`` points:
     ``prefit='exact'``, or ``'auto'`` above :data:`AUTO_PREFIT_MIN_POINTS`."""
     prefit = opts.get("prefit")
-    return prefit == "exact" or (prefit == "auto" and num_train > AUTO_PREFIT_MIN_POINTS)
+    return prefit == PREFIT_EXACT or (prefit == PREFIT_AUTO and num_train > AUTO_PREFIT_MIN_POINTS)
 
 
 def prefit_lr_cap(method: str, given: dict[str, Any], filled: dict[str, Any]) -> float | None:
@@ -155,7 +160,7 @@ def prefit_lr_cap(method: str, given: dict[str, Any], filled: dict[str, Any]) ->
     pre-fit supplied start values (a close start that CaGP-Opt's default lr 1.0 throws away in
     its first steps), else ``None``."""
     opts = get_spec(method).resolve(filled)
-    if opts.get("prefit") not in ("auto", "exact") or filled == given:
+    if opts.get("prefit") not in (PREFIT_AUTO, PREFIT_EXACT) or filled == given:
         return None
     return float(opts["prefit_max_lr"])
 
@@ -172,14 +177,14 @@ def _check_resolvable(found: dict[str, Any], dtype: torch.dtype) -> None:
             "resolves it)")
 
 
-def start_resolvable(method: str, model: Any, x: Tensor, y: Tensor) -> bool:
+def start_resolvable(method: str, model: Method, x: Tensor, y: Tensor) -> bool:
     """Whether ``model``, built at pre-fitted values, computes its training quantities in the
-    training dtype (``model.resolves``, CaGP's SᵀK̂S; a model without the check passes); if not,
-    warns that training starts from the defaults. A start with a large outputscale can pass
-    :func:`_check_resolvable` while its float32 Gram errs by more than the noise: trained from
-    there CaGP-Opt needs large jitter and ends worse than from the defaults."""
-    resolves = getattr(model, "resolves", None)
-    if resolves is None or resolves(x, y):
+    training dtype (:meth:`~gpscale.methods.base.Method.resolves`, CaGP's SᵀK̂S; the default
+    passes); if not, warns that training starts from the defaults. A start with a large
+    outputscale can pass :func:`_check_resolvable` while its float32 Gram errs by more than the
+    noise: trained from there CaGP-Opt needs large jitter and ends worse than from the
+    defaults."""
+    if model.resolves(x, y):
         return True
     warnings.warn(f"{method}: at the pre-fitted hyperparameters the {x.dtype} kernel products "
                   "do not resolve the noise (its Gram matrix is not positive definite); "
@@ -189,24 +194,12 @@ def start_resolvable(method: str, model: Any, x: Tensor, y: Tensor) -> bool:
     return False
 
 
-def _check_cg_reach(found: dict[str, Any], num_actions: int | None, num_train: int) -> None:
-    """NumericalError when CG with the method's i actions cannot approach the solve at the
-    pre-fitted values: K̂ = K + σ²I has eigenvalues from ≥ σ² to ≥ the outputscale s, and CG
-    needs ~√κ iterations, so i < √(s/σ²) actions stop far from it (CaGP-CG from such a start ends
-    worse than from the defaults)."""
-    i = default_size(num_actions, num_train, cg_action_cap(num_train), 2, "num_actions")
-    if found["outputscale"] / found["noise"] > i * i:
-        raise NumericalError(
-            f"√(outputscale / noise) = √({found['outputscale']:.3g} / {found['noise']:.3g}) = "
-            f"{math.sqrt(found['outputscale'] / found['noise']):.0f} exceeds the {i} CG actions: "
-            "CG cannot reach the solve at the pre-fitted values")
-
-
 def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int | None,
-                           kernel: str, ard: bool, num_inducing: int, steps: int, lr: float,
-                           batch_size: int, seed: int, per_latent: bool = False
+                           method: str, kernel: str, ard: bool, num_inducing: int, steps: int,
+                           lr: float, batch_size: int, seed: int, per_latent: bool = False
                            ) -> tuple[Any, Any]:
-    """Kernel hyperparameters from a short SVGP fit (paper §C.4: SVGP, batch 1024, Adam).
+    """Kernel hyperparameters from a short fit of the SVGP of key ``method`` (paper §C.4:
+    SVGP, batch 1024, Adam).
 
     ``steps`` Adam steps (rounded up to whole epochs) on minibatches of ``batch_size``.
 
@@ -222,8 +215,9 @@ def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int 
     svgp_task, targets = (("regression", torch.log1p(y.to(x.dtype))) if task == "counts"
                           else (task, y))
     n = x.shape[0]
-    model = build("svgp", x.shape[1], task=svgp_task, num_classes=num_classes, init=(x, targets),
-                  num_inducing=min(num_inducing, n), seed=seed, kernel=kernel, ard=ard)
+    model = build(method, x.shape[1], task=svgp_task, num_classes=num_classes,
+                  init=(x, targets), num_inducing=min(num_inducing, n), seed=seed, kernel=kernel,
+                  ard=ard)
     batches = math.ceil(n / batch_size)
     config = FitConfig(optimizer="adam", lr=lr, epochs=max(1, math.ceil(steps / batches)),
                        batch_size=batch_size if batch_size < n else None, seed=seed,
@@ -249,12 +243,13 @@ def prefit_hyperparameters(x: Tensor, y: Tensor, *, task: str, num_classes: int 
     return (ls.tolist() if ard else float(ls[0])), float(os_.mean())
 
 
-def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, seed: int,
-                 max_epochs: int = EXACT_PREFIT_EPOCHS,
+def exact_prefit(x: Tensor, y: Tensor, *, method: str, kernel: str, ard: bool, size: int,
+                 seed: int, max_epochs: int = EXACT_PREFIT_EPOCHS,
                  max_time: float = EXACT_PREFIT_SECONDS, quiet: bool = False,
                  stop_on_noise: bool = False) -> dict[str, Any]:
-    """Lengthscale(s), outputscale and noise of an exact GP (float64, the ``exact`` key's L-BFGS
-    defaults for at most ``max_epochs`` epochs and ``max_time`` seconds) fitted to ``size``
+    """Lengthscale(s), outputscale and noise of the exact GP of key ``method`` (float64, that
+    key's L-BFGS defaults for at most ``max_epochs`` epochs and ``max_time`` seconds) fitted to
+    ``size``
     training points drawn at random (all of them when n ≤ ``size``); with more points than
     that, the noise is then chosen on up to :data:`VALIDATION_POINTS` other training points
     (:func:`validated_noise`). Returns ``{"lengthscale", "outputscale", "noise"}``, the
@@ -277,8 +272,8 @@ def exact_prefit(x: Tensor, y: Tensor, *, kernel: str, ard: bool, size: int, see
         xs.shape[0], n, max_epochs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = build("exact", x.shape[1], init=(xs, ys), kernel=kernel, ard=ard)
-        config = replace(METHOD_DEFAULTS["exact"], epochs=max_epochs, max_time=max_time,
+        model = build(method, x.shape[1], init=(xs, ys), kernel=kernel, ard=ard)
+        config = replace(default_fit_config(method), epochs=max_epochs, max_time=max_time,
                          progress=False, seed=seed, noise_plateau=stop_on_noise)
         history = fit(model, None, (xs, ys), config)
     hp = kernel_hyperparameters(model.kernel)

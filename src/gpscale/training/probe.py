@@ -28,7 +28,7 @@ from torch import Tensor
 
 from gpscale.kernels import kernel_diag, kernel_matrix, make_kernel
 from gpscale.methods._common import kmeans_points
-from gpscale.methods.auto import Probe
+from gpscale.methods.auto import PROBE_METHOD, Probe
 from gpscale.training.prefit import exact_prefit
 
 if TYPE_CHECKING:
@@ -68,8 +68,8 @@ def inducing_probe(x: Tensor, y: Tensor, *, kernel: str = "matern32", seed: int 
                          f"{float(yd[0]):g}")
     xd = (xd - xd.mean(0)) / xd.std(0).clamp_min(1e-12)
     yd = (yd - yd.mean()) / scale
-    found = exact_prefit(xd, yd, kernel=kernel, ard=True, size=size, seed=seed,
-                         max_epochs=PROBE_EPOCHS, quiet=True, stop_on_noise=True)
+    found = exact_prefit(xd, yd, method=PROBE_METHOD, kernel=kernel, ard=True, size=size,
+                         seed=seed, max_epochs=PROBE_EPOCHS, quiet=True, stop_on_noise=True)
     k = make_kernel(kernel, x.shape[1], ard=True).double()
     k.base_kernel.lengthscale = torch.as_tensor(found["lengthscale"], dtype=torch.float64)
     k.outputscale = found["outputscale"]

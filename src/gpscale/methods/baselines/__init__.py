@@ -2,7 +2,9 @@
 
 Importing this package registers the four method keys (see :mod:`gpscale.methods.registry`).
 ``optimal_q`` holds the closed-form step after training that sets SVGP's q(v) and σ² (and
-SGPR's σ²) to the collapsed bound's optimum for the trained inducing points and kernel.
+SGPR's σ²) to the collapsed bound's optimum for the trained inducing points and kernel;
+``pipeline`` what the pipeline needs beside the options (training defaults per preset, SVGP's
+inducing points on a GPU, the dense-memory copies of exact and cggp, small test options).
 """
 
 from gpscale.methods.baselines.cggp import CGSettings, build_cggp

@@ -44,6 +44,7 @@ from gpscale.methods._common import (
     translate_cholesky_errors,
 )
 from gpscale.methods.baselines.exact import ExactGPyTorch
+from gpscale.methods.baselines.pipeline import PIPELINE
 from gpscale.methods.options import PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 
@@ -145,6 +146,7 @@ def build_cggp(num_dims: int, *, task: str = "regression", num_classes: int | No
 
 register(MethodSpec(
     key="cggp",
+    **PIPELINE["cggp"],
     factory=build_cggp,
     tasks=("regression",),
     summary="GPyTorch ExactGP through CG/Lanczos (BBMM), pivoted-Cholesky preconditioner",

@@ -63,6 +63,7 @@ from gpscale.methods.baselines._exactgp import (
     gaussian_predictive,
     negative_mll,
 )
+from gpscale.methods.baselines.pipeline import PIPELINE
 from gpscale.methods.options import PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
@@ -275,6 +276,7 @@ CHOLESKY_OPTIONS = (
 
 register(MethodSpec(
     key="exact",
+    **PIPELINE["exact"],
     factory=build_exact,
     tasks=("regression",),
     summary="GPyTorch ExactGP, Cholesky in float64 (O(n³); the dense baseline)",

@@ -59,6 +59,7 @@ from gpscale.methods.baselines._exactgp import (
 )
 from gpscale.methods.baselines.exact import CHOLESKY_OPTIONS, CholeskySettings
 from gpscale.methods.baselines.optimal_q import kernel_statistics, optimal_noise
+from gpscale.methods.baselines.pipeline import PIPELINE
 from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
@@ -188,6 +189,7 @@ def build_sgpr(num_dims: int, *, task: str = "regression", num_classes: int | No
 
 register(MethodSpec(
     key="sgpr",
+    **PIPELINE["sgpr"],
     factory=build_sgpr,
     tasks=("regression",),
     summary="GPyTorch SGPR (InducingPointKernel, Titsias bound), k-means inducing points",

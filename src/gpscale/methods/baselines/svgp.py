@@ -61,6 +61,7 @@ from gpscale.methods._common import (
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.baselines.exact import NEVER_CG
 from gpscale.methods.baselines.optimal_q import kernel_statistics, optimal_noise, optimal_q
+from gpscale.methods.baselines.pipeline import PIPELINE
 from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_x, check_xy
@@ -357,6 +358,7 @@ def build_svgp(num_dims: int, *, task: str = "regression", num_classes: int | No
 
 register(MethodSpec(
     key="svgp",
+    **PIPELINE["svgp"],
     factory=build_svgp,
     tasks=TASKS,
     summary="GPyTorch SVGP (whitened, learned inducing points), minibatch ELBO",

@@ -12,6 +12,8 @@ CaGP-Opt, the block-sparse actions themselves (CaGP-CG takes CG's residuals).
 ``actions``     operations on the actions, dense or block-sparse: float64 copies, SᵀS and K S
 ``cg``          what makes CaGP-CG affordable (a cached kernel matrix for CG, actions recycled
                 between steps) and Alg. S1 one action at a time
+``pipeline``    what the pipeline needs beside the options: training defaults per preset, the
+                exact-GP pre-fit (and CaGP-CG's check of its start), small test options
 ``sharded``     CaGP-Opt's ELBO from per-rank pieces for data-parallel training (not imported
                 here: it needs :mod:`gpscale.distributed`)
 ==============  ================================================================================

@@ -94,6 +94,7 @@ from gpscale.methods._common import (
 from gpscale.methods.base import Method, as_dtype, predict_in_chunks
 from gpscale.methods.cagp.actions import action_gram, kernel_times, upcast_actions
 from gpscale.methods.cagp.cg import KernelOperator, cg_action_cap, recycling_loss
+from gpscale.methods.cagp.pipeline import PIPELINE
 from gpscale.methods.options import KERNEL_PRODUCT_OPTIONS, PREFIT_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_num_points, check_x, check_xy
@@ -457,6 +458,7 @@ _OBJECTIVE = Option("objective", "str", "elbo", "training objective", choices=OB
 
 register(MethodSpec(
     key="cagp-opt",
+    **PIPELINE["cagp-opt"],
     factory=build_cagp_opt,
     tasks=("regression",),
     summary="CaGP-Opt: computation-aware GP, learned block-sparse actions, ELBO (O(n²/2) per step)",
@@ -474,6 +476,7 @@ register(MethodSpec(
 
 register(MethodSpec(
     key="cagp-cg",
+    **PIPELINE["cagp-cg"],
     factory=build_cagp_cg,
     tasks=("regression",),
     summary="CaGP-CG: computation-aware GP, CG-residual actions, ELBO (O(n² i) per step)",

@@ -21,6 +21,8 @@ counts (Poisson).
 ``variational``     the variational refinement of the Laplace posterior (beyond the paper)
 ``evidence``        the Laplace and variational evidence the kernel hyperparameters learn on
 ``learning``        the kernel-learning methods of :class:`IterNCGP` on that evidence
+``pipeline``        what the pipeline needs beside the options, for both keys: training defaults
+                    per preset, the SVGP pre-fit of a fixed kernel, small test options
 ``sod_laplace``     ``sod-laplace``: dense Laplace on a random subset (the paper's baseline)
 ==================  =============================================================================
 

@@ -101,6 +101,7 @@ from gpscale.methods.iterncgp.newton import (
     newton_step_size,
     relative_change,
 )
+from gpscale.methods.iterncgp.pipeline import PIPELINE
 from gpscale.methods.iterncgp.sod_laplace import SoDLaplace, SoDLaplaceState, build_sod_laplace
 from gpscale.methods.iterncgp.solver import (
     Belief,
@@ -477,7 +478,7 @@ register(MethodSpec(
     factory=build_iterncgp,
     tasks=TASKS,
     summary="IterNCGP: computation-aware Laplace (Newton + IterGP), recycling, compression",
-    prefit=True,
+    **PIPELINE["iterncgp"],
     options=(
         Option("policy", "str", "auto", "IterGP action policy: residuals (cg), "
                "W-preconditioned residuals (pcg), unit vectors (chol); auto: pcg for more "

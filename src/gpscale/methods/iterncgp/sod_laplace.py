@@ -39,6 +39,7 @@ from gpscale.methods.iterncgp.latent import (
     prior_setup,
     resolve_options,
 )
+from gpscale.methods.iterncgp.pipeline import PIPELINE
 from gpscale.methods.iterncgp.solver import Stopping
 from gpscale.methods.options import Option
 from gpscale.methods.registry import MethodSpec, register
@@ -226,7 +227,7 @@ register(MethodSpec(
     factory=build_sod_laplace,
     tasks=TASKS,
     summary="Subset-of-data Laplace (dense Cholesky on N_sub random points), IterNCGP baseline",
-    prefit=True,
+    **PIPELINE["sod-laplace"],
     options=(
         Option("num_subset", "int", 1000, "random training points N_sub of the dense Laplace",
                minimum=1),

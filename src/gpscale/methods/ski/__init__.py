@@ -14,6 +14,8 @@ iteration independent of n.
 ``statistics``  :class:`SufficientStatistics` and :func:`sufficient_statistics` (the streaming
                 pass), and the resolution of the grid options
 ``solve``       GGP's m-dimensional solves and the :class:`GridState` they assemble
+``pipeline``    what the pipeline needs beside the options: training defaults per preset, small
+                test options
 ``sharded``     GGP's statistics from per-rank shards for data-parallel training (not imported
                 here: it needs :mod:`gpscale.distributed`)
 ==============  ================================================================================

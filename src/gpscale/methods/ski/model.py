@@ -100,6 +100,7 @@ from gpscale.methods._common import (
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.options import Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
+from gpscale.methods.ski.pipeline import PIPELINE
 from gpscale.methods.ski.solve import (
     GridState,
     condition_statistics,
@@ -472,14 +473,14 @@ def _grid_options() -> tuple[Option, ...]:
 
 
 register(MethodSpec(
-    key="ggp", factory=build_ggp, tasks=("regression",),
+    key="ggp", factory=build_ggp, tasks=("regression",), **PIPELINE["ggp"],
     summary="GGP/GSGP: SKI from sufficient statistics WᵀW, Wᵀy; O(m log m) per iteration, "
             "independent of n (d ≤ 3)",
     options=_grid_options(),
 ))
 
 register(MethodSpec(
-    key="ski", factory=build_ski, tasks=("regression",),
+    key="ski", factory=build_ski, tasks=("regression",), **PIPELINE["ski"],
     summary="SKI / KISS-GP: CG on W K_G Wᵀ + σ²I, O(n + m log m) per iteration (d ≤ 3)",
     options=_grid_options(),
 ))

@@ -14,6 +14,8 @@ a stacked matrix accumulated over chunks of the data, at O(n m²) time and O(chu
                 saved model keep instead of the training data; :class:`SoftKIState`, what
                 training conditions on a minibatch
 ``noise``       the calibration of the noise β² by the training likelihood
+``pipeline``    what the pipeline needs beside the options: training defaults per preset, small
+                test options
 ``validation``  the held-out rows: the score that picks the best epoch, and the calibration of
                 β² and the outputscale on them (the default)
 ==============  ================================================================================

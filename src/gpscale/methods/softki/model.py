@@ -116,6 +116,7 @@ from gpscale.methods._common import (
 from gpscale.methods.base import Method, as_dtype, parameter_digest, predict_in_chunks
 from gpscale.methods.options import INDUCING_OPTIONS, Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
+from gpscale.methods.softki.pipeline import PIPELINE
 from gpscale.methods.softki.posterior import (
     SoftKIPosterior,
     SoftKIState,
@@ -454,6 +455,7 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
 # §2.6: Adam, lr 0.01, batch 1024, 50 epochs, float32 (the authors' code), constant lr.
 register(MethodSpec(
     key="softki",
+    **PIPELINE["softki"],
     factory=build_softki,
     tasks=("regression",),
     summary="SoftKI: softmax interpolation from m learned points, Hutchinson pseudoloss, "

@@ -120,6 +120,7 @@ from gpscale.methods.solvegp.parts import (
     optimal_q_u,
     optimal_q_v,
 )
+from gpscale.methods.solvegp.pipeline import PIPELINE
 from gpscale.validation import check_x, check_xy
 
 __all__ = ["OBJECTIVES", "ORTHOGONAL_Q", "InducingFactors", "Projections", "SolveGP",
@@ -495,5 +496,5 @@ register(MethodSpec(
     factory=build_solvegp,
     tasks=TASKS,
     summary="SOLVE-GP: M standard + M2 orthogonal inducing points, minibatch ELBO (or collapsed)",
-    options=SOLVEGP_OPTIONS,
+    options=SOLVEGP_OPTIONS, **PIPELINE["solvegp"],
 ))

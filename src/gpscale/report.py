@@ -1,4 +1,5 @@
-"""Benchmark output: ``results.csv`` (a row per run), ``report.md`` (a markdown table), JSON lines.
+"""The output of a set of runs — a benchmark suite's or ``gpscale demo``'s: ``results.csv`` (a row
+per run), ``report.md`` (a markdown table), JSON lines.
 
 Each row is a flat dict; rows of one suite share keys. The report carries the command, the machine
 and the library version so that a table pasted into BENCHMARKS.md says how it was obtained.

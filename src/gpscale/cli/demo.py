@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from gpscale import run as runner
-from gpscale.benchmarks.report import write_results
 from gpscale.data import synthetic
 from gpscale.kernels import kernel_diag, kernel_matrix
+from gpscale.report import write_results
 from gpscale.run import RunSpec
 
 __all__ = ["run_demo", "DEMO_BUDGET_S", "REGRESSION_METHODS", "QUICK_METHODS", "GRID_POINTS"]

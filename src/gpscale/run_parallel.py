@@ -1,4 +1,7 @@
-"""One rank of a data-parallel ``gpscale fit`` (``--nproc P`` or a ``torchrun`` job).
+"""One rank of a data-parallel ``gpscale fit`` (``--nproc P`` or a ``torchrun`` job): the
+data-parallel counterpart of :func:`gpscale.run.run`, which it builds on (the command line calls
+it; it imports only what lies below: the run, training, the methods and the distributed
+infrastructure).
 
 :func:`run_rank` loads the data, builds the model identically on every rank through the training
 harness (rank 0's parameters are broadcast), keeps only its shard of the training set, trains

@@ -1,0 +1,52 @@
+"""What the pipeline needs to know about ``iterncgp`` and ``sod-laplace`` beside their options:
+training defaults per preset, the SVGP pre-fit of a fixed kernel and small test options
+(:class:`~gpscale.methods.registry.MethodSpec` fields, spread by each key's ``register`` call).
+
+Neither trains by gradient steps (``trainable`` is False; float64 as the paper). IterNCGP learns
+its kernel by default, in rounds of L-BFGS and warm-started refinements, not epochs: the default
+budget bounds the rounds (the final conditioning runs after it). A kernel neither given nor
+learned comes from a short SVGP fit (paper 000, §C.4; the ``prefit_*`` options); IterNCGP's
+classification that learns its kernel starts from the median distance instead, which reaches the
+same θ without the pre-fit's time. The test options fix the kernel, so that no pre-fit runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from gpscale.methods.iterncgp.latent import resolve_ard
+from gpscale.methods.registry import DEFAULT_BUDGET_S, FULL_BATCH, Prefit
+
+__all__ = ["PIPELINE", "prefit_arguments", "learns_from_median"]
+
+
+def prefit_arguments(opts: dict[str, Any], x: Tensor) -> dict[str, Any]:
+    """The SVGP pre-fit's settings from resolved options ``opts``
+    (:func:`gpscale.training.prefit.prefit_hyperparameters`)."""
+    return dict(kernel=opts["kernel"], ard=resolve_ard(opts["ard"], x.shape[1]),
+                per_latent=not opts["shared_kernel"], num_inducing=opts["prefit_num_inducing"],
+                steps=opts["prefit_steps"], lr=opts["prefit_lr"],
+                batch_size=opts["prefit_batch_size"], seed=opts["seed"])
+
+
+def learns_from_median(opts: dict[str, Any], task: str) -> bool:
+    """Classification that learns its kernel starts from the median distance, not a pre-fit."""
+    return bool(opts.get("learn_kernel")) and task == "classification"
+
+
+_ONCE = {**FULL_BATCH, "epochs": 1}
+
+PIPELINE: dict[str, dict[str, Any]] = {
+    "iterncgp": dict(
+        training_defaults={"paper": _ONCE, "default": {**_ONCE, "max_time": DEFAULT_BUDGET_S}},
+        prefit=Prefit("kernel", model="svgp", arguments=prefit_arguments,
+                      learned_start=learns_from_median),
+        test_options={"lengthscale": 0.8, "outputscale": 2.0}),
+    "sod-laplace": dict(
+        training_defaults={"paper": _ONCE, "default": _ONCE},
+        prefit=Prefit("kernel", model="svgp", arguments=prefit_arguments),
+        test_options={"lengthscale": 0.8, "outputscale": 2.0, "num_subset": 30}),
+}
+"""The declarations of ``iterncgp`` and ``sod-laplace`` (module docstring)."""
