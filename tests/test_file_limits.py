@@ -268,3 +268,21 @@ def test_a_parquet_file_whose_rows_outgrow_memory_is_refused_before_reading(tmp_
     table = read_parquet(path)
     with pytest.raises(ValueError, match=r"many\.parquet: 200,000 rows of 2 numeric columns"):
         table.numeric(path, [0, 1])
+
+
+def test_the_line_by_line_reader_stops_a_gzip_bomb_naming_the_file(tmp_path, monkeypatch):
+    """The Python reader (pyarrow's fallback) decompresses a chunk at a time and stops when the
+    rows would outgrow the memory free; the same file reads with the memory there."""
+    import gzip
+
+    from gpscale.limits import TooLargeError
+
+    path = tmp_path / "lines.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("a,y\n" + "".join(f"{i % 10},{i % 3}.5\n" for i in range(300_000)))
+    _little_memory(monkeypatch)
+    with pytest.raises(TooLargeError, match=r"lines\.csv\.gz: more than [\d,]+ bytes of "
+                                            "decompressed text"):
+        read_lines(path)
+    monkeypatch.undo()
+    assert len(read_lines(path).rows) == 300_000

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from gpscale.data.head import decide_header, decimal_comma, decimal_comma_message, is_number
+from gpscale.limits import check_fits
 from gpscale.regular_files import read_regular
 
 __all__ = ["Table", "canonical_labels", "read_lines", "sort_labels", "target_index"]
@@ -252,7 +253,7 @@ def _read_text(path: Path) -> str:
     raw = read_regular(path)  # a named pipe or a device is refused, not read
     if is_gzip(path, raw):
         try:
-            raw = gzip.decompress(raw)
+            raw = _gunzip(path, raw)
         except (OSError, EOFError, zlib.error) as err:
             raise ValueError(f"{path} is not a readable gzip file ({err})") from None
     try:
@@ -261,6 +262,26 @@ def _read_text(path: Path) -> str:
         line = raw[:err.start].count(b"\n") + 1
         raise ValueError(f"{path} is not UTF-8 text (byte {err.object[err.start]:#04x} on line "
                          f"{line}); save it as UTF-8 CSV") from None
+
+
+TEXT_ROW_COST = 12
+"""Bytes of memory one byte of text takes once split into rows of Python strings (a generous
+figure), for the check while a gzip file is decompressed."""
+GUNZIP_CHUNK = 1 << 24
+
+
+def _gunzip(path: Path, raw: bytes) -> bytes:
+    """``raw`` decompressed, a chunk at a time, refused (:class:`~gpscale.limits.TooLargeError`)
+    as soon as its rows would not fit in the memory free: a few kilobytes of gzip can expand a
+    thousandfold."""
+    parts, total = [], 0
+    with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+        while chunk := stream.read(GUNZIP_CHUNK):
+            total += len(chunk)
+            check_fits(path, TEXT_ROW_COST * total,
+                       f"more than {total:,} bytes of decompressed text, as rows,")
+            parts.append(chunk)
+    return b"".join(parts)
 
 
 def sniff(text: str) -> str:
