@@ -20,7 +20,7 @@ not the training, limits them. So on a GPU, for one latent function (regression)
 each size, in its family's ``pipeline`` module). An option the user gives is never changed.
 
 **Dense baselines.** The exact GP and GPyTorch's CG GP hold several n × n matrices at once; a
-method declares how many (``MethodSpec.dense_copies``, measured as the peak resident memory of
+method declares how many (``MethodSpec.dense_copies``, the peak resident memory of
 one loss with its backward and of one conditioning with a prediction).
 :func:`check_dense_fits` refuses, before anything is built, a run whose matrices exceed the
 device: the free memory of a GPU, the physical memory of the CPU (where the operating system

@@ -6,7 +6,7 @@ r"""The stencil WᵀW of a grid interpolation (notes/002 §4, Claim 2).
   of shifted products, O(m (2s−1)^d), grouped by the last dimension so that each group is one
   contiguous window (``unfold``). :meth:`GramStencil.to_csr` gives the same matrix in torch CSR.
   Accumulation uses the stencil (index-free, one scatter-add); for the products, torch CSR
-  was faster at every grid size measured on the CPU (its sparse kernels beat the shifted,
+  is faster on the CPU (its sparse kernels beat the shifted,
   grouped products), so ``ggp`` defaults to CSR.
 - :func:`pair_offsets`: the stencil id of each pair of a row's local nodes;
   :func:`cell_blocks`: the batched Σ w_i w_iᵀ of points sharing a grid cell, which accumulation

@@ -81,13 +81,13 @@ CAGP_MAX_N_GPU = 200_000
 """Largest n for CaGP-Opt on a GPU. Its epoch costs O(n²·i) kernel entries, and a GPU computes
 an epoch more than 16× faster than a CPU: at 4× the CPU's :data:`CAGP_MAX_N` an epoch costs 16×
 the work, so the GPU fits at least as many epochs in the budget as the CPU does at its boundary.
-An extrapolation from the epoch's cost, not a boundary measured on a card."""
+An extrapolation from the epoch's cost, not a boundary found on a card."""
 
 PROBE_RATIO_MIN = 1.6
 """Least probe ratio ρ — the mean Nyström residual of SVGP's 512 inducing points over the
 held-out squared error of an exact GP on 1,000 points, both at that GP's hyperparameters
 (:class:`Probe`) — for which ``auto`` takes CaGP-Opt over SVGP between the exact GP's and
-SOLVE-GP's ranges, measured with both keys' defaults (BENCHMARKS "auto on the clock"). Where
+SOLVE-GP's ranges, set from both keys' defaults (evidence: BENCHMARKS "auto on the clock"). Where
 the inducing points miss little (small ρ) CaGP-Opt is about as accurate as SVGP for more time,
 so SVGP, the faster key, serves; where they miss more than the exact GP's own error, CaGP-Opt is
 clearly more accurate at a few times SVGP's time. The boundary sits in the gap between the

@@ -61,11 +61,11 @@ EXACT_PREFIT_EPOCHS = 30
 """Most epochs (of 5 L-BFGS iterations) of the exact-GP pre-fit: its stopping rule besides
 convergence, so that the result does not depend on the machine's speed or load (a time limit
 stops the same pre-fit at different points under different loads). Uncapped on the default
-subset the pre-fit converged well within this cap on every set measured."""
+subset the pre-fit converges well within this cap (evidence: docs/notes)."""
 
 EXACT_PREFIT_SECONDS = 300.0
 """A safety limit on the pre-fit's seconds; convergence or the epoch cap
-:data:`EXACT_PREFIT_EPOCHS` ends it first on every set measured."""
+:data:`EXACT_PREFIT_EPOCHS` ends it first (evidence: docs/notes)."""
 
 VALIDATION_POINTS = 1000
 """Most training points outside the pre-fit's subset on which :func:`validated_noise` picks the

@@ -10,7 +10,7 @@ assignment, the case i ∤ n and the initialisation open (notes/001 §4.3); here
   recursive median bisection of the inputs, so each block is a compact cell and its action a
   local feature, like an inducing point's) or seeded and random (:func:`block_assignment`, the
   authors' code: each action mixes points from all over the input space). Local blocks train
-  faster in a fixed budget on every set measured (BENCHMARKS.md, "defaults").
+  faster in a fixed budget (evidence: BENCHMARKS.md, "defaults").
 - **Initialisation** (:func:`initial_values`, the options of the authors' code): ``'random'``
   entries N(0, 1)/√(block size); ``'targets'`` the block's targets; ``'eigen'`` the top eigenvector
   of each diagonal kernel block K(X_Ij, X_Ij).
