@@ -7,7 +7,7 @@ STAMP := $(VENV)/.gpscale-installed
 TORCH_PIN ?= torch==2.13.0
 export GPSCALE_DATA ?= $(abspath ../shared/data)
 
-.PHONY: demo test test-all lint docs bench-peers clean
+.PHONY: demo test test-slow test-all lint docs bench-peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,10 +18,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/gpscale demo --out runs/demo
 
-# pytest's exit status is also written to .pytest-exit so that .ci/run can tell
-# "no tests collected" (5) apart from a failure (make itself turns every non-zero into 2).
+# pytest's exit status is also written to .pytest-exit (.pytest-slow-exit) so that .ci/run can
+# tell "no tests collected" (5) apart from a failure (make itself turns every non-zero into 2).
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow and not gpu" -q; rc=$$?; echo $$rc > .pytest-exit; exit $$rc
+	$(PY) -m pytest -m "not slow and not long and not gpu" -q; rc=$$?; echo $$rc > .pytest-exit; \
+	exit $$rc
+
+# The slow tests `make test` leaves out (several processes, compiled kernels, every key's
+# estimator checks); `long` ones (defaults trained to their budgets) run in `make test-all` only.
+test-slow: $(STAMP)
+	$(PY) -m pytest -m "slow and not long and not gpu" -q; rc=$$?; \
+	echo $$rc > .pytest-slow-exit; exit $$rc
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q

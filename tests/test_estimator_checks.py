@@ -1,4 +1,5 @@
-"""scikit-learn's estimator checks over every regression key and the classifier.
+"""scikit-learn's estimator checks over every regression key and the classifier (SVGP's in the
+default suite, the other keys' among the slow tests).
 
 Short training (20 epochs) and small inducing sets keep each check fast. Float64 training for the
 float32-by-default methods whose predictions on a subset must equal those on the whole set to
@@ -52,8 +53,19 @@ def _expected_failures(estimator):
     return {}
 
 
-@parametrize_with_checks(ESTIMATORS, expected_failed_checks=_expected_failures)
-def test_sklearn_estimator_checks_every_key(estimator, check):
+# the SVGP regressor and classifier in `make test`; every other key among the slow tests
+QUICK = [e for e in ESTIMATORS if e.method == "svgp"]
+
+
+@parametrize_with_checks(QUICK, expected_failed_checks=_expected_failures)
+def test_sklearn_estimator_checks_svgp(estimator, check):
+    check(estimator)
+
+
+@pytest.mark.slow
+@parametrize_with_checks([e for e in ESTIMATORS if e.method != "svgp"],
+                         expected_failed_checks=_expected_failures)
+def test_sklearn_estimator_checks_every_other_key(estimator, check):
     check(estimator)
 
 

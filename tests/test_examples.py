@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
@@ -46,6 +47,7 @@ def test_regression_csv(tmp_path):
     assert len(re.findall(r"predicted [-+]\d\.\d+ ± \d\.\d+, observed", out)) == 3
 
 
+@pytest.mark.slow
 def test_classification(tmp_path):
     out = _run("classification", tmp_path, "--rows", "300")
     accuracy = _number(out, "test accuracy")
@@ -55,6 +57,7 @@ def test_classification(tmp_path):
     assert rows[0] == "p0,p1,p2,label" and len(rows) == 61
 
 
+@pytest.mark.slow
 def test_million_rows_parquet(tmp_path):
     out = _run("million_rows_parquet", tmp_path, "--rows", "2000", "--epochs", "10")
     assert "$ gpscale fit --data" in out
@@ -64,6 +67,7 @@ def test_million_rows_parquet(tmp_path):
     assert (tmp_path / "out" / "fit" / "model.pt").is_file()
 
 
+@pytest.mark.slow
 def test_gpu_uses_cuda_or_else_the_cpu(tmp_path):
     out = _run("gpu", tmp_path, "--rows", "300", "--epochs", "5")
     device = re.search(r"^device: (\S+)$", out, re.MULTILINE).group(1)
@@ -73,6 +77,7 @@ def test_gpu_uses_cuda_or_else_the_cpu(tmp_path):
     assert (tmp_path / "out" / "model.pt").is_file()
 
 
+@pytest.mark.slow
 def test_two_processes(tmp_path):
     _run("two_processes", tmp_path, "--rows", "600", "--epochs", "20", timeout=240)
     metrics = _metrics(tmp_path)

@@ -1,7 +1,7 @@
 """The user's run — what ``gpscale fit`` does — on one dataset: spec → data → method choice
-(``auto``) → training → evaluation → outputs. One rank of a data-parallel run
-(``gpscale fit --nproc``) is :mod:`gpscale.run_parallel`; the benchmark suites
-(:mod:`gpscale.benchmarks`) sit on top of both.
+(``auto``) → training → evaluation → outputs, in this process (:class:`OneProcess`) or as the
+ranks of a data-parallel run (``gpscale fit --nproc``: :class:`gpscale.run_parallel.Ranks`),
+the one pipeline for both; the benchmark suites (:mod:`gpscale.benchmarks`) sit on top.
 
 ``run(RunSpec(...))`` loads the data (standardised with training statistics), builds and trains
 the method through :mod:`gpscale.training.harness` (test metrics every ``eval_every`` epochs,
@@ -20,6 +20,7 @@ import json
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -42,13 +43,12 @@ from gpscale.metrics import json_safe
 from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
 from gpscale.training.calibration import coverage_message
 from gpscale.training.harness import cast, train_method
-from gpscale.training.laplace import learning_points
 from gpscale.training.prefit import exact_prefit_wanted
 from gpscale.training.probe import inducing_probe
 
-__all__ = ["RunSpec", "RunResult", "run", "run_metrics", "load_data", "predict_test",
-           "write_outputs", "write_partial", "feature_names", "resolve_auto", "fit_config",
-           "plan_text"]
+__all__ = ["RunSpec", "RunResult", "Outcome", "OneProcess", "run", "run_metrics", "load_data",
+           "predict_test", "write_outputs", "write_partial", "feature_names", "resolve_auto",
+           "fit_config", "plan_text"]
 
 log = logging.getLogger("gpscale.run")
 
@@ -174,29 +174,10 @@ def plan_text(method: str, config: FitConfig, options: dict[str, Any] | None = N
     pre-fit's learning rate when ``num_train`` points call for a pre-fit, or are not given;
     IterNCGP: the points its kernel rounds see, for ``num_latents`` latent functions; on a GPU
     the batch and inducing sets sized for it)."""
-    opts = get_spec(method).resolve(options or {})
-    if "kernel_rounds" in opts:  # IterNCGP: no gradient training, kernel learning or none
-        variational = opts.get("inference", "laplace") == "variational"
-        posterior = "variational" if variational else "Laplace"
-        if not opts["learn_kernel"]:
-            return (f"{method}: conditioning once with a fixed kernel, {posterior} posterior "
-                    "(nothing to train; -o learn_kernel=true learns the kernel)")
-        objective = opts.get("kernel_objective", "elbo")
-        if objective == "auto":
-            objective = "variational" if variational else "elbo"
-        objective = {"variational": "the evidence lower bound of the variational posterior",
-                     "elbo": "the computation-aware Laplace evidence",
-                     "projected": "the projected pseudo-target likelihood"}[objective]
-        limit = "" if config.max_time is None else f" or {config.max_time:g} s"
-        points = (None if num_train is None
-                  else learning_points(opts.get("learn_points"), num_train, num_latents))
-        subset = ("" if points is None or points >= num_train else
-                  f" on {points:,} random points of {num_train:,}, then conditioning on all "
-                  "(-o learn_points=0: rounds on all; ")
-        return (f"{method}: learning the kernel on {objective}, at most "
-                f"{opts['kernel_rounds']} rounds{limit} of L-BFGS steps and Newton "
-                f"restarts{subset or ' ('}-o learn_kernel=false keeps a fixed kernel: given or "
-                "SVGP pre-fitted)")
+    spec = get_spec(method)
+    opts = spec.resolve(options or {})
+    if spec.plan is not None:  # a method that does not train by gradient epochs says how
+        return f"{method}: " + spec.plan(opts, config.max_time, num_train, num_latents)
     budget = f"{config.epochs} epochs"
     if config.max_time is not None:
         budget += f" or {config.max_time:g} s"
@@ -250,8 +231,71 @@ def predict_test(model: Method, x: torch.Tensor, y: torch.Tensor,
     return on_cpu_after_oom(compute, model, "predicting the test points")
 
 
-def run(spec: RunSpec) -> RunResult:
-    """Train and evaluate ``spec.method`` on the spec's data; see the module docstring."""
+@dataclass
+class Outcome:
+    """What a :class:`Processes` strategy hands back after training.
+
+    Attributes:
+        model, history, setup_time: the trained model, its history and the build time.
+        predict: ``predict(x_test) -> Predictive`` with the trained model, on the CPU.
+        saved: ``saved() -> ((x, y) or None, state or None)``: the training rows and the
+            conditioned state ``model.pt`` may keep (a collective across ranks).
+    """
+
+    model: Method
+    history: History
+    setup_time: float
+    predict: Callable[[torch.Tensor], Predictive]
+    saved: Callable[[], tuple[tuple[torch.Tensor, torch.Tensor] | None, Any]]
+
+
+class OneProcess:
+    """The processes :func:`run` trains in by default: this one, on every training row.
+
+    A strategy (this one, or the ranks of a data-parallel run, :class:`gpscale.run_parallel.Ranks`)
+    provides ``is_main`` (the process that logs and writes), ``metrics`` (what it adds to
+    ``metrics.json``), ``slowest(seconds)`` (the wall time over all processes) and
+    ``train(spec, data, config, train, callbacks_for)``: build and train ``spec.method`` on
+    ``train``, with the callbacks ``callbacks_for(predict)`` makes from a predictor
+    ``predict(model, x_test)``, and return an :class:`Outcome`.
+    """
+
+    is_main = True
+    metrics: dict[str, Any] = {}
+
+    @staticmethod
+    def slowest(seconds: float) -> float:
+        return seconds
+
+    @staticmethod
+    def train(spec: RunSpec, data: Dataset, config: FitConfig,
+              train: tuple[torch.Tensor, torch.Tensor],
+              callbacks_for: Callable[[Callable[..., Predictive]], list]) -> Outcome:
+        x, y = train
+        callbacks = callbacks_for(lambda m, x_test: predict_test(m, x, y, x_test,
+                                                                 cpu_fallback=False))
+        trained = train_method(spec.method, train, task=data.task,
+                               num_classes=data.num_classes, options=spec.options,
+                               config=config, seed=spec.seed, callbacks=callbacks)
+        model = trained.model
+        trained_on = module_device(model)
+
+        def saved() -> tuple[tuple[torch.Tensor, torch.Tensor], Any]:
+            # a state conditioned on the GPU is kept unless prediction moved the model off it
+            return (x, y), (trained.state if module_device(model) == trained_on else None)
+
+        return Outcome(model, trained.history, trained.setup_time,
+                       lambda x_test: predict_test(model, x, y, x_test, trained.state), saved)
+
+
+def run(spec: RunSpec, processes: Any = None) -> RunResult:
+    """Train and evaluate ``spec.method`` on the spec's data; see the module docstring.
+
+    ``processes`` is the strategy to train in: :class:`OneProcess` (the default) or the ranks
+    of a data-parallel run (:class:`gpscale.run_parallel.Ranks`); everything else — the data,
+    the choice of ``auto``, the configuration, the metrics, the outputs — is the same.
+    """
+    processes = processes or OneProcess()
     data = load_data(spec)
     tic = time.perf_counter()
     chosen = resolve_auto(spec, data)
@@ -259,41 +303,42 @@ def run(spec: RunSpec) -> RunResult:
     spec = chosen
     config, dtype = fit_config(spec, data.num_train)
     latents = data.num_classes if (data.num_classes or 0) > 2 else 1
-    logging.getLogger("gpscale.fit").info(plan_text(spec.method, config, spec.options,
-                                                    data.num_train, latents, data.task))
-    x, y = cast((data.x_train, data.y_train), config, data.task)
+    if processes.is_main:
+        logging.getLogger("gpscale.fit").info(plan_text(spec.method, config, spec.options,
+                                                        data.num_train, latents, data.task))
+    train = cast((data.x_train, data.y_train), config, data.task)
     x_test = data.x_test.to(dtype)
-    callbacks = []
-    if spec.eval_every:
-        callbacks.append(Evaluate(lambda m: predict_test(m, x, y, x_test, cpu_fallback=False),
-                                  data.y_test, every=spec.eval_every))
+
+    def callbacks_for(predict: Callable[..., Predictive]) -> list:
+        if not spec.eval_every:
+            return []
+        return [Evaluate(lambda m: predict(m, x_test), data.y_test, every=spec.eval_every)]
+
     try:
-        trained = train_method(spec.method, (x, y), task=data.task,
-                               num_classes=data.num_classes, options=spec.options,
-                               config=config, seed=spec.seed, callbacks=callbacks)
+        outcome = processes.train(spec, data, config, train, callbacks_for)
     except NonFiniteLossError as err:
-        write_partial(spec, err.history)
+        if processes.is_main:
+            write_partial(spec, err.history)
         raise
-    model, history = trained.model, trained.history
-    setup_time = trained.setup_time  # e.g. IterNCGP's SVGP hyperparameter pre-fit
+    model, history = outcome.model, outcome.history
     tic = time.perf_counter()
-    trained_on = module_device(model)
-    pred = predict_test(model, x, y, x_test, trained.state)
-    state = trained.state if module_device(model) == trained_on else None  # moved to the CPU
+    pred = outcome.predict(x_test)
     metrics: dict[str, Any] = {
         "method": spec.method, "dataset": data.name, "n_train": data.num_train,
         "n_test": data.num_test, "num_dims": data.num_dims, **pred.metrics(data.y_test),
-        "setup_time_s": setup_time, "train_time_s": history.train_time, "epochs": history.epochs,
-        "time_per_epoch_s": history.train_time / max(history.epochs, 1),
-        "predict_time_s": time.perf_counter() - tic, "stopped": history.stopped,
-        "noise": _noise(pred), **choice_time,
+        "setup_time_s": outcome.setup_time, "train_time_s": history.train_time,
+        "epochs": history.epochs, "time_per_epoch_s": history.train_time / max(history.epochs, 1),
+        "predict_time_s": processes.slowest(time.perf_counter() - tic),
+        "stopped": history.stopped, "noise": _noise(pred), **choice_time, **processes.metrics,
     }
     message = coverage_message(spec.method, metrics.get("test_coverage"), data.num_test,
                                history.stopped)
-    if message is not None:  # intervals the test rows contradict: said, not only recorded
+    if message is not None and processes.is_main:  # intervals the test rows contradict: said
         warnings.warn(message, CalibrationWarning, stacklevel=2)
     if spec.out is not None:
-        write_outputs(spec, metrics, history, model, data, (x, y), state)
+        rows, state = outcome.saved()  # a collective: every rank takes part
+        if processes.is_main:
+            write_outputs(spec, metrics, history, model, data, rows, state)
     return RunResult(metrics, history, model, data)
 
 
@@ -316,7 +361,7 @@ def _noise(pred: Predictive) -> float | None:
 
 
 def write_outputs(spec: RunSpec, metrics: dict[str, Any], history: History, model: Method,
-                  data: Dataset, train: tuple[torch.Tensor, torch.Tensor],
+                  data: Dataset, train: tuple[torch.Tensor, torch.Tensor] | None,
                   state: Any = None) -> None:
     """Write ``metrics.json``, ``history.csv``, ``history.json`` and ``model.pt`` into
     ``spec.out`` as one set (:func:`gpscale.commit.write_together`): a reader finds all four of

@@ -124,6 +124,7 @@ def test_mnist_paper_runs_compare_with_svgp_frozen_at_the_paper_kernel(monkeypat
     assert {k: spec.options[k] for k in iterncgp.MNIST_PAPER} == iterncgp.MNIST_PAPER
 
 
+@pytest.mark.slow
 def test_poisson_learning_part_lands_near_the_dense_laplace_maximiser(tmp_path):
     """Two draws with the defaults: the learned ℓ within 10 % and s within 25 % of the dense
     Laplace-evidence maximiser on the same counts (the defaults maximise the variational

@@ -10,6 +10,7 @@ import pytest
 from gpscale.benchmarks import softki
 
 
+@pytest.mark.slow
 def test_quick_run_writes_one_row_per_method(data_root, tmp_path, monkeypatch):
     """quick=True: Elevators, 1 epoch, m = 32; six finite rows, SVGP-512's speed ratio is 1."""
     monkeypatch.setenv("GPSCALE_DATA", str(data_root))
@@ -70,6 +71,7 @@ def test_unknown_dataset_raises(tmp_path):
         softki.run(tmp_path, datasets=("song",))
 
 
+@pytest.mark.slow
 def test_a_failing_run_is_recorded_and_the_suite_goes_on(data_root, tmp_path, monkeypatch):
     """A run that stops with NonFiniteLossError gives a row saying so; the others still run."""
     from gpscale.errors import NonFiniteLossError

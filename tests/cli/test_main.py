@@ -105,6 +105,7 @@ def test_methods_lists_baselines(capsys):
     assert {"exact", "cggp", "sgpr", "svgp"} <= set(keys)
 
 
+@pytest.mark.slow
 def test_demo_quick(tmp_path, capsys):
     """The demo in quick mode prints a row per run (1-D regression subset, GGP on the 2-D
     field, IterNCGP on 2-D binary data) with sensible metrics, and writes the panel grid."""

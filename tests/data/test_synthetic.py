@@ -197,6 +197,7 @@ def _stream_peak_growth_mb(n: int) -> tuple[int, float]:
     return count, peak_rss_mb() - before
 
 
+@pytest.mark.slow
 def test_stream_is_memory_light():
     """Streaming 10⁷ points (305 MB as float64 x and y) raises the peak RSS by far less.
 

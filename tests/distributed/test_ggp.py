@@ -100,6 +100,7 @@ def test_bad_input_is_named():
         dggp.statistics(_jobs.svgp_model(x, y), (x, y), start=0, num_points=40)
 
 
+@pytest.mark.slow
 def test_two_ranks_give_the_single_process_statistics(ranks):
     """The all-reduced statistics on both ranks = one pass over all rows (1e-12)."""
     n, chunk, _ = GGP

@@ -77,6 +77,7 @@ def _check_fit(ranks, name, model, x, y, x_test, loss_fn, union) -> None:
         torch.testing.assert_close(r["pred"][1], pred.variance, **TOL)
 
 
+@pytest.mark.slow
 def test_solvegp_two_ranks_equal_the_union_batch(ranks):
     """SOLVE-GP ELBO: DDP step = step on the union batch; fit and predictions equal (1e-8)."""
     pytest.importorskip("gpscale.methods.solvegp", reason="SOLVE-GP is not in this checkout")

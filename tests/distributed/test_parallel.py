@@ -35,6 +35,7 @@ def _close(a: dict, b: dict) -> None:
         torch.testing.assert_close(a[key], b[key], **TOL, msg=key)
 
 
+@pytest.mark.slow
 def test_cagp_opt_two_ranks_equal_one_process(ranks):
     (n, epochs), ranks = CAGP, [r["cagp"] for r in ranks]
     x, y, x_test = _jobs.data(n)
@@ -98,6 +99,7 @@ def test_dead_rank_stops_the_other_with_a_clear_error():
     assert "5 s timeout" in text
 
 
+@pytest.mark.slow
 def test_bad_input_on_a_rank_is_one_value_error():
     """A rank that rejects its input reports that error alone (a ValueError, no traceback);
     a result that is not plain data fails its rank with the type named."""
@@ -107,6 +109,7 @@ def test_bad_input_on_a_rank_is_one_value_error():
         launch(_jobs.object_job, (), nproc=2, timeout=5, grace=5)
 
 
+@pytest.mark.slow
 def test_stopped_rank_is_noticed_by_its_heartbeat():
     """A SIGSTOPped rank (which ignores SIGTERM) is killed once its heartbeat is older than
     the timeout: the job ends after about the timeout, not after timeout + grace."""

@@ -112,6 +112,7 @@ def test_a_function_outside_gpscale_fails_its_job_without_a_child():
     assert compile_ahead._CHILD is None
 
 
+@pytest.mark.slow
 def test_the_child_compiles_while_this_process_never_sees_the_compiling_flag():
     sq = torch.ones(2, 3, 1)
     job = compile_ahead.submit(fused._rbf_value, _rbf_args(sq), False)

@@ -28,6 +28,7 @@ def test_the_default_shapes_compile_for_hopper_without_spills():
         assert got["registers"] <= 255, (kernel, got)
 
 
+@pytest.mark.slow
 def test_the_check_sees_spills_and_shared_memory():
     """The shape the forward had before (128 × 32, 4 warps) spills; the symmetric backward at
     128 × 64 needs more shared memory than a multiprocessor has: the check can fail."""
@@ -38,6 +39,7 @@ def test_the_check_sees_spills_and_shared_memory():
     assert big["shared_bytes"] > resources.HOPPER_SHARED_BYTES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["backward_rows", "backward_cols"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp64"])
 def test_the_general_backward_kernels_compile_for_hopper(kernel, dtype):
@@ -48,6 +50,7 @@ def test_the_general_backward_kernels_compile_for_hopper(kernel, dtype):
     assert got["registers"] > 0 and got["shared_bytes"] <= resources.HOPPER_SHARED_BYTES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", [0, 1, 3])
 def test_every_profile_compiles_for_hopper_in_float64(profile):
     for kernel in ("forward", "backward_symmetric"):

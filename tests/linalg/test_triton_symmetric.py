@@ -50,6 +50,7 @@ def test_symmetric_backward_matches_dense_float64(profile, n, d, k, exact, need_
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9 * want.abs().max().item())
 
 
+@pytest.mark.slow
 def test_symmetric_gradcheck(generator):
     z, v = _draw(generator, 1, 11, 3).requires_grad_(), _draw(generator, 1, 11, 4).requires_grad_()
     assert torch.autograd.gradcheck(

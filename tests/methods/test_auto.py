@@ -260,6 +260,7 @@ def test_a_failing_probe_warns_and_the_size_rules_decide():
     assert choice.method == "svgp"
 
 
+@pytest.mark.slow
 def test_cli_auto_probes_noisy_data_and_picks_svgp(tmp_path, caplog):
     """`gpscale fit` without --method on 2,500 noisy rows of a smooth 5-D function: the probe
     runs (its time in metrics.json), finds ρ far below PROBE_RATIO_MIN and SVGP trains."""

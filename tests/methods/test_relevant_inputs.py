@@ -24,7 +24,7 @@ import pytest
 from gpscale.methods import METHODS
 from gpscale.run import RunSpec, run_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # eight default runs of up to 300 s
 NUM_TRAIN = 3000
 
 KEYS = sorted(k for k, spec in METHODS.items()

@@ -24,6 +24,7 @@ def _data(n: int, noise: float, *, kind: str, seed: int = 0):
     return x, f + noise * torch.randn(n, generator=g, dtype=torch.float64)
 
 
+@pytest.mark.slow
 def test_the_ratio_separates_noisy_targets_from_ones_a_small_exact_gp_predicts():
     """Noisy data: the inducing points miss far less than the noise the exact GP cannot
     predict (ρ ≪ 1, SVGP's side of PROBE_RATIO_MIN). A nearly noise-free function of three

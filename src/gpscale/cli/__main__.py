@@ -378,9 +378,10 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from gpscale.methods.registry import METHODS, get_spec
+    from gpscale.methods.registry import METHODS, get_spec, load_plugins
     from gpscale.training import default_fit_config
 
+    load_plugins()  # the user's own methods, where GPSCALE_PLUGINS names their modules
     if args.key == "auto":
         from gpscale.methods.auto import RULES
 

@@ -29,9 +29,10 @@ The training harness (:mod:`gpscale.training.harness`) and ``training.fit`` use 
 and attributes, each with a default here that changes nothing, so a method overrides only what
 it needs: :meth:`Method.training_loss`, :attr:`Method.learns_kernel`, :meth:`Method.finalize`,
 :meth:`Method.holdout_rows` with :meth:`Method.validation_score`, :meth:`Method.resolves` and
-:attr:`Method.max_start_lr`. What the pipeline needs to know about a method key before a module
-exists (training defaults, device sizing, pre-fit, test options) is declared on its
-:class:`~gpscale.methods.registry.MethodSpec`.
+:attr:`Method.max_start_lr`; a data-parallel run (``gpscale fit --nproc``) asks
+:meth:`Method.shard_plan` how the method trains on a shard of the rows. What the pipeline
+needs to know about a method key before a module exists (training defaults, device sizing,
+pre-fit, test options) is declared on its :class:`~gpscale.methods.registry.MethodSpec`.
 
 ``options`` holds the resolved constructor options (JSON-like) from which the registry can build
 an identical, untrained module; ``gpscale.save``/``gpscale.load`` store it with the state dict.
@@ -42,14 +43,44 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from gpscale.distributed.env import current
+from gpscale.distributed.reduce import gather_predictive
+from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive, concat
 
-__all__ = ["Method", "module_device", "predict_in_chunks", "parameter_digest"]
+__all__ = ["Method", "ShardPlan", "module_device", "predict_in_chunks", "parameter_digest"]
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How a method trains and predicts when each rank of a data-parallel run holds a shard of
+    the training rows (:meth:`Method.shard_plan`).
+
+    Attributes:
+        kind: ``'local'`` — the loss on a rank's batch is the per-datum loss of those rows, and
+            the ranks average it weighted by rows (minibatch methods); ``'global'`` — every
+            rank computes the same full-data loss through reductions (the loss kinds of
+            :class:`gpscale.training.parallel.DataParallel`).
+        predict: ``predict(x_test) -> Predictive`` at all of ``x_test``, conditioned on the
+            model's current parameters; a collective (every rank calls it with the same points).
+        loss_fn: the loss ``(model, x, y) -> Tensor`` that ``training.fit`` minimises on the
+            shard, or ``None``: the method's own.
+        full_batch: the loss needs the whole shard at every step (no ``--batch-size``).
+        inputs: the inputs of every rank, where the plan gathered them (a saved model that
+            keeps its training data takes them from here).
+    """
+
+    kind: str
+    predict: Callable[[Tensor], Predictive]
+    loss_fn: Callable[..., Tensor] | None = None
+    full_batch: bool = False
+    inputs: Tensor | None = None
 
 
 class Method(nn.Module, ABC):
@@ -147,6 +178,26 @@ class Method(nn.Module, ABC):
         quantities in ``x``'s dtype (CaGP: a positive definite SᵀK̂S); where not, the harness
         builds it again from the default start. ``True`` (the default): no check."""
         return True
+
+    def shard_plan(self, x: Tensor, y: Tensor, *, start: int,
+                   num_points: int) -> ShardPlan | None:
+        """How to train on this rank's shard ``x, y`` (rows ``start`` … of ``num_points``) in a
+        data-parallel run, or ``None``: the method has no data-parallel path. The default serves
+        every trainable ``minibatch`` method: each rank's loss is the per-datum loss on its
+        rows, and prediction conditions on the shard (which such a method reads only for its
+        size) and predicts a shard of the test points on each rank."""
+        if not (self.minibatch and self.trainable):
+            return None
+
+        def predict(x_test: Tensor) -> Predictive:
+            with torch.no_grad():
+                env = current()
+                if x_test.shape[0] < env.world_size:
+                    return self.predict(self.condition(x, y), x_test)
+                lo, hi = shard_range(x_test.shape[0], env.rank, env.world_size)
+                return gather_predictive(self.predict(self.condition(x, y), x_test[lo:hi]))
+
+        return ShardPlan("local", predict)
 
     summary_types: tuple[type, ...] = ()
     """The dataclasses a :meth:`summary` is made of: a saved file holds them as plain records,

@@ -16,10 +16,19 @@ Method``. ``init`` is ``(x, y)`` training data used for data-dependent initialis
 inducing points, noise) or ``None`` when a saved model is being rebuilt (its parameters then come
 from the state dict). The factory stores the resolved options on the module (``model.options``)
 so that ``build(key, num_dims, init=None, **model.options)`` rebuilds the same architecture.
+
+A method of the user's own registers itself with :func:`register` from any module. So that
+the command line, ``gpscale predict`` and the ranks of a data-parallel run (fresh processes)
+know it too, ``GPSCALE_PLUGINS`` names the modules to import, comma-separated, each as
+``module`` or ``module:function`` (the function is then called with no arguments);
+:func:`load_plugins` imports them the first time a key is not found (and ``gpscale methods``
+before it lists the keys).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +40,7 @@ from gpscale.methods.options import Option, describe_options, resolve_options
 
 __all__ = ["MethodSpec", "METHODS", "register", "build", "get_spec", "Prefit", "PRESETS",
            "DEFAULT_BUDGET_S", "FULL_BATCH", "MINIBATCH", "CONVERGE", "training_presets",
-           "DeclaredTable"]
+           "DeclaredTable", "PLUGINS_VARIABLE", "load_plugins"]
 
 PRESETS = ("default", "paper")
 """The training presets (``--preset``): ``default`` stops on convergence within
@@ -138,6 +147,10 @@ class MethodSpec:
         dense_copies: the n × n matrices of the training dtype the method holds at its peak,
             for the check before training that they fit the device
             (:func:`gpscale.devices.check_dense_fits`); ``None`` (the default): it forms none.
+        plan: for a method that does not train by gradient epochs, the line ``gpscale fit``
+            logs about how it will train: ``plan(resolved options, max_time, training rows or
+            None, latent functions) -> str`` (after ``"KEY: "``); ``None`` (the default): the
+            pipeline describes the epochs, schedule and budget of its training defaults.
         test_options: options small enough that the method builds and trains on a few dozen
             points in well under a second (:data:`gpscale.testing.SMALL_OPTIONS`); a method
             with a ``"kernel"`` pre-fit gets a fixed kernel there so that none runs.
@@ -154,6 +167,7 @@ class MethodSpec:
     training_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gpu_inducing: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     dense_copies: float | None = None
+    plan: Callable[[dict[str, Any], float | None, int | None, int], str] | None = None
     test_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -188,7 +202,40 @@ def register(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
+PLUGINS_VARIABLE = "GPSCALE_PLUGINS"
+"""The environment variable that names the modules registering methods of the user's own."""
+
+_LOADED: set[str] = set()
+
+
+def load_plugins() -> None:
+    """Import each module ``$GPSCALE_PLUGINS`` names (and call its function where an entry is
+    ``module:function``), once per entry; ``ValueError`` naming the variable and the entry when
+    one cannot be imported or has no such function."""
+    for entry in (e.strip() for e in os.environ.get(PLUGINS_VARIABLE, "").split(",")):
+        if not entry or entry in _LOADED:
+            continue
+        _LOADED.add(entry)  # before the import: a module that looks a key up loads nothing twice
+        name, _, function = entry.partition(":")
+        try:
+            module = importlib.import_module(name)
+            hook = getattr(module, function, None) if function else None
+            if function and not callable(hook):
+                raise ValueError(f"{PLUGINS_VARIABLE}: module {name!r} has no function "
+                                 f"{function!r}")
+        except ImportError as err:
+            _LOADED.discard(entry)
+            raise ValueError(f"{PLUGINS_VARIABLE}: cannot import {name!r}: {err}") from err
+        except ValueError:
+            _LOADED.discard(entry)
+            raise
+        if hook is not None:
+            hook()
+
+
 def get_spec(key: str) -> MethodSpec:
+    if key not in METHODS:
+        load_plugins()
     if key not in METHODS:
         raise ValueError(f"unknown method {key!r}; valid methods: {', '.join(sorted(METHODS))}")
     return METHODS[key]

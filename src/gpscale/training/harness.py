@@ -1,8 +1,9 @@
 """The one path from training data to a trained model: build → fit → finalise → condition.
 
 Every caller goes through these two functions — ``gpscale fit`` and the benchmark suites
-(:mod:`gpscale.run`), the scikit-learn estimators and each rank of a data-parallel run
-(:mod:`gpscale.run_parallel`, which shards the data between the two):
+(:mod:`gpscale.run`, in one process or as the ranks of a data-parallel run,
+:mod:`gpscale.run_parallel`, which shards the data between the two) and the scikit-learn
+estimators:
 
 1. :func:`build_method` builds the method from the registry under a forked, seeded RNG (so the
    initialisation is reproducible and the caller's RNG untouched), in the training dtype, and
@@ -44,6 +45,7 @@ from gpscale.training.config import FitConfig
 from gpscale.training.fit import condition_only, fit
 from gpscale.training.history import History
 from gpscale.training.laplace import learn_kernel
+from gpscale.training.parallel import DataParallel
 from gpscale.training.prefit import fill_prefit_options, prefit_lr_cap, start_resolvable
 from gpscale.training.validation import Validation, split_holdout
 
@@ -106,7 +108,8 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
 
 def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
                 callbacks: Sequence[Any] = (), *, loss_fn: Callable | None = None,
-                parallel: Any = None, condition: bool = True) -> tuple[History, Any]:
+                parallel: DataParallel | None = None, condition: bool = True
+                ) -> tuple[History, Any]:
     """Train (or condition) ``model`` on ``train``; returns (history, state).
 
     ``state`` is ``model.posterior(*train)`` after training (``None`` with ``condition=False``,
@@ -134,7 +137,7 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
     else:
         history, state = condition_only(model, train, callbacks)
     with torch.no_grad():
-        changed = model.finalize(x, y, getattr(parallel, "all_reduce", None),
+        changed = model.finalize(x, y, None if parallel is None else parallel.all_reduce,
                                  **({} if split is None else {"held": split}))
     if changed:  # e.g. {"noise_calibrated": 0.012}: recorded with the last epoch
         if history.rows:
@@ -157,7 +160,8 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
     return history, state
 
 
-def _holdout(model: Method, train: tuple[Tensor, Tensor], config: FitConfig, parallel: Any
+def _holdout(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
+             parallel: DataParallel | None
              ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]] | None:
     """(rows to train on, rows held out) for a method that asks for held-out rows
     (``holdout_rows(n)``, e.g. SoftKI), else ``None``. One process only: the ranks of a

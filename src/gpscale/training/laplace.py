@@ -37,20 +37,11 @@ from gpscale.training.fit import _run_callbacks
 from gpscale.training.history import History
 from gpscale.training.schedules import LOSS_SD
 
-__all__ = ["IMPROVEMENT_TOL", "LEARNING_ENTRIES", "learn_kernel", "learning_points",
-           "learning_subset"]
+__all__ = ["IMPROVEMENT_TOL", "learn_kernel", "learning_subset"]
 
 IMPROVEMENT_TOL = 1e-4
 """A round whose starting evidence (per datum) is below the best earlier one by more than this
 undoes the previous step and stops: the alternation never ends at a worse evidence."""
-
-LEARNING_ENTRIES = 1.6e8
-"""By default the kernel rounds see at most n points with n²·L ≤ this (4,000 points with ten
-latent functions, 12,649 with one): a round costs n²·L·B per evaluation of the objective (B
-buffered actions). On a many-class set of several thousand points, rounds on all points leave
-only a few rounds in the default budget; on a subset of this size each costs a fraction as much,
-and with the stop on the evidence's noise the run reaches the same accuracy well within the
-budget (BENCHMARKS "IterNCGP's MNIST run in 3 minutes")."""
 
 log = logging.getLogger("gpscale.training")
 
@@ -80,7 +71,8 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
             round are kept (``history.stopped == "non-finite"``) and their state returned.
     """
     plan = model.kernel_learning
-    x, y = learning_subset(data, plan.points, model.likelihood.num_latents, config.seed)
+    points = plan.points_for(data[0].shape[0], model.likelihood.num_latents)
+    x, y = learning_subset(data, points, config.seed)
     params = [p for p in model.kernel.parameters()]
     history = History()
     model.eval()
@@ -146,26 +138,18 @@ def learn_kernel(model, data: tuple[Tensor, Tensor], config: FitConfig,
     return history, state
 
 
-def learning_subset(data: tuple[Tensor, Tensor], points: int | None, num_latents: int,
+def learning_subset(data: tuple[Tensor, Tensor], points: int,
                     seed: int = 0) -> tuple[Tensor, Tensor]:
-    """The training points the kernel rounds see: all of ``data`` when ``points`` is 0 or at
-    least n, ``points`` of them drawn at random (seeded) otherwise; ``None``: as many as keep
-    n²·L ≤ :data:`LEARNING_ENTRIES` (each round's objective costs n²·L·B)."""
+    """The training points the kernel rounds see: all of ``data`` when ``points`` is at least
+    n, ``points`` of them drawn at random (seeded) otherwise (the model's
+    ``kernel_learning.points_for`` says how many)."""
     x, y = data
     n = x.shape[0]
-    points = learning_points(points, n, num_latents)
     if points >= n:
         return x, y
     keep = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:points]
     keep = keep.sort().values.to(x.device)
     return x[keep], y[keep]
-
-
-def learning_points(points: int | None, n: int, num_latents: int) -> int:
-    """How many of n training points the kernel rounds see (:func:`learning_subset`)."""
-    if points is None:
-        points = math.isqrt(int(LEARNING_ENTRIES // max(num_latents, 1)))
-    return n if points == 0 else min(points, n)
 
 
 def _newton(model, x: Tensor, y: Tensor, state, *, cold: bool, problem=None,

@@ -107,6 +107,7 @@ def test_symmetric_product_gradcheck(profile, generator):
         lambda a, b: symmetric_kernel_product(profile, a, b, layout, chunk_size=2), (z, s))
 
 
+@pytest.mark.slow
 def test_compiled_tiles_match_uncompiled(generator):
     """The torch.compile'd profile functions give the same product and gradients."""
     z = torch.randn(12, 2, generator=generator, requires_grad=True)

@@ -70,6 +70,7 @@ def test_rectangular_product_gradcheck(profile, generator):
         (z_rows, z, s))
 
 
+@pytest.mark.slow
 def test_compiled_tiles_match_uncompiled(generator):
     """The torch.compile'd tile functions give the same product and gradients."""
     z = torch.randn(12, 2, generator=generator, requires_grad=True)

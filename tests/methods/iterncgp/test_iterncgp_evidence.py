@@ -190,6 +190,7 @@ def test_full_action_gradient_is_the_explicit_laplace_gradient(name):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_evidence_holds_no_n_by_n_matrix():
     """Peak memory of an evidence value and gradient at n = 12,000 (one n × n float64 matrix:
     1.1 GB) stays below 0.3 of it: K H is formed in tiles (measured ~190 MB, most of it the

@@ -110,6 +110,7 @@ def test_poisson_expectations_are_the_log_normal_closed_forms():
     assert torch.allclose(W[:, 0, 0], rate, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_softmax_expectations_match_a_large_monte_carlo_and_keep_the_null_direction():
     g = torch.Generator().manual_seed(3)
     mean = torch.randn(3, 5, generator=g, dtype=F64)
@@ -130,6 +131,7 @@ def test_softmax_expectations_match_a_large_monte_carlo_and_keep_the_null_direct
 
 
 # -- the refinement --------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bernoulli", "poisson", "softmax"])
 def test_full_rank_refinement_reaches_the_variational_fixed_point(name):
     """μ − m = K E_q[∇ log p] and Σ⁻¹ = K⁻¹ + E_q[−∇² log p] (Opper & Archambeau) at the end,
@@ -326,6 +328,7 @@ def test_learning_product_from_held_distances_equals_the_matrix_free_one(profile
         assert torch.allclose(x1, x2, rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bernoulli", "softmax"])
 def test_warm_restart_from_the_sites_reaches_the_cold_fixed_point(name):
     """After a kernel change, refining from the previous q's sites (no Laplace steps) ends at
@@ -431,15 +434,18 @@ def test_kernel_rounds_on_a_subset_then_condition_on_all_points(monkeypatch):
     model, history, state = learned((x, y), 40)
     assert set(history.column("points")) == {40}
     assert state.x.shape[0] == 90 and torch.equal(state.x, x)  # the final state: all points
-    sub = laplace.learning_subset((x, y), 40, 1, seed=0)
+    sub = laplace.learning_subset((x, y), 40, seed=0)
     assert sub[0].shape == (40, 2) and not torch.equal(sub[0], x[:40])  # random, not the first
     alone, _, _ = learned(sub, 0)
     for mine, theirs in zip(model.kernel.parameters(), alone.kernel.parameters(), strict=True):
         assert torch.allclose(mine, theirs, rtol=1e-6)
-    monkeypatch.setattr(laplace, "LEARNING_ENTRIES", 50**2 * 3)
-    assert laplace.learning_subset((x, y), None, 3)[0].shape[0] == 50  # n² L ≤ the bound
-    assert laplace.learning_subset((x, y), 0, 3)[0].shape[0] == 90
-    assert laplace.learning_subset((x, y), 200, 1)[0] is x
+    from gpscale.methods.iterncgp import evidence
+
+    monkeypatch.setattr(evidence, "LEARNING_ENTRIES", 50**2 * 3)
+    assert KernelLearning(points=None).points_for(90, 3) == 50  # n² L ≤ the bound
+    assert KernelLearning(points=0).points_for(90, 3) == 90
+    assert KernelLearning(points=200).points_for(90, 1) == 90
+    assert laplace.learning_subset((x, y), 90)[0] is x
     with pytest.raises(ValueError, match="points ≥ 0"):
         KernelLearning(points=-1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gpscale.benchmarks.memory import peak_memory_mb
@@ -25,6 +26,7 @@ def _condition_softmax() -> tuple[int, float]:
     return state.newton_steps, float(state.f.abs().max())
 
 
+@pytest.mark.slow
 def test_sod_laplace_holds_about_two_dense_matrices():
     """Peak growth below 4.5 N² floats: K̂, the Cholesky factor and LAPACK's working copy
     (measured 3.2–3.6 N²); the former dense K, eye, W⁻¹, K + W⁻¹, factor and explicit inverse

@@ -55,6 +55,7 @@ def test_heldout_nll_equals_the_dense_posterior(rank, generator):
         assert value == pytest.approx(_dense_heldout_nll(G, r, G_h, r_h, a, s), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_calibration_finds_the_minimum_of_the_heldout_nll(generator):
     """Rows drawn from Σ = a₀ G Gᵀ + s₀ I with fewer fit rows than it takes to pin the weights
     down (so a matters): the calibration's value is no worse than a fine brute-force grid's

@@ -7,15 +7,16 @@ limited computation as uncertainty; an ELBO chooses the kernel hyperparameters a
 CaGP-Opt, the block-sparse actions themselves (CaGP-CG takes CG's residuals).
 
 ==============  ================================================================================
-``model``       :class:`CaGP` and :class:`CaGPState`, the posterior and losses, the two factories
-                and the registration of their keys
+``model``       :class:`CaGP`, the posterior and losses, the two factories and the
+                registration of their keys
+``state``       :class:`CaGPState` and the float64 Gram pieces both losses share
 ``actions``     operations on the actions, dense or block-sparse: float64 copies, SᵀS and K S
 ``cg``          what makes CaGP-CG affordable (a cached kernel matrix for CG, actions recycled
                 between steps) and Alg. S1 one action at a time
 ``pipeline``    what the pipeline needs beside the options: training defaults per preset, the
                 exact-GP pre-fit (and CaGP-CG's check of its start), small test options
-``sharded``     CaGP-Opt's ELBO from per-rank pieces for data-parallel training (not imported
-                here: it needs :mod:`gpscale.distributed`)
+``sharded``     CaGP-Opt's ELBO from per-rank pieces for data-parallel training
+                (:meth:`CaGP.shard_plan`)
 ==============  ================================================================================
 
 Importing the package registers ``cagp-opt`` and ``cagp-cg``.
@@ -24,13 +25,15 @@ Importing the package registers ``cagp-opt`` and ``cagp-cg``.
 from gpscale.methods.cagp.actions import action_gram, kernel_times
 from gpscale.methods.cagp.cg import IterativePosterior, iterative_posterior
 from gpscale.methods.cagp.model import (
-    JITTER_NOISE_FRACTION,
     OBJECTIVES,
     REFRESH_EVERY,
     CaGP,
-    CaGPState,
     build_cagp_cg,
     build_cagp_opt,
+)
+from gpscale.methods.cagp.state import (
+    JITTER_NOISE_FRACTION,
+    CaGPState,
     gram_cholesky,
     trace_solve,
     warn_float64_fallback,

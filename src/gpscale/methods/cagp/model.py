@@ -56,9 +56,7 @@ Deviations and choices (the paper is silent unless stated):
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import gpytorch
@@ -71,8 +69,8 @@ from gpscale.kernels import (
     kernel_diag,
     kernel_matrix,
 )
-from gpscale.linalg.operators.block_sparse import BlockLayout, BlockSparseActions
-from gpscale.linalg.ops import Matmul, gram, safe_cholesky, upcast
+from gpscale.linalg.operators.block_sparse import BlockLayout
+from gpscale.linalg.ops import Matmul, gram, upcast
 from gpscale.linalg.policies.block_sparse import (
     ACTION_INITS,
     BLOCK_ASSIGNMENTS,
@@ -91,81 +89,29 @@ from gpscale.methods._common import (
     prior_modules,
     prior_options,
 )
-from gpscale.methods.base import Method, as_dtype, predict_in_chunks
+from gpscale.methods.base import Method, ShardPlan, as_dtype, predict_in_chunks
 from gpscale.methods.cagp.actions import action_gram, kernel_times, upcast_actions
 from gpscale.methods.cagp.cg import KernelOperator, cg_action_cap, recycling_loss
 from gpscale.methods.cagp.pipeline import PIPELINE
+from gpscale.methods.cagp.sharded import sharded_plan
+from gpscale.methods.cagp.state import (
+    CaGPState,
+    gram_cholesky,
+    trace_solve,
+    warn_float64_fallback,
+)
 from gpscale.methods.options import KERNEL_PRODUCT_OPTIONS, PREFIT_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_num_points, check_x, check_xy
 
 __all__ = [
-    "OBJECTIVES", "CaGP", "CaGPState", "build_cagp_cg", "build_cagp_opt", "action_gram",
-    "gram_cholesky", "kernel_times", "trace_solve", "warn_float64_fallback",
+    "OBJECTIVES", "CaGP", "build_cagp_cg", "build_cagp_opt", "action_gram", "kernel_times",
 ]
 
 OBJECTIVES = ("elbo", "projected_nll")
 
-JITTER_NOISE_FRACTION = 0.1
-"""The most jitter SᵀK̂S may take, as a fraction of its noise term σ² min diag(SᵀS), before a
-below-float64 Gram counts as unresolved (:meth:`CaGP.resolves`)."""
-
 REFRESH_EVERY = 4
 """CaGP-CG's default ``refresh_every`` (see :mod:`gpscale.methods.cagp.cg`)."""
-
-
-def gram_cholesky(G_K: Tensor, noise: Tensor, D: Tensor, dtype: torch.dtype) -> Tensor:
-    """chol(SᵀK̂S) = chol(G_K + σ² SᵀS) in float64. Where the kernel products were computed
-    below float64 the jitter is capped at :data:`JITTER_NOISE_FRACTION` of the noise term, so
-    that a Gram whose rounding the noise does not resolve raises
-    :class:`~gpscale.errors.NumericalError` (the caller then recomputes in float64)."""
-    cap = None if dtype == torch.float64 else float(
-        JITTER_NOISE_FRACTION * noise.detach() * D.diagonal().min().detach())
-    return safe_cholesky(G_K + upcast(noise) * D, name="CaGP Gram matrix SᵀK̂S", max_jitter=cap)
-
-
-def warn_float64_fallback(dtype: torch.dtype) -> None:
-    """Say that the kernel products are recomputed in float64 (once: a constant message)."""
-    warnings.warn(f"CaGP: SᵀK̂S from {dtype} kernel products is not positive definite to within "
-                  "a tenth of the noise σ² (σ² small against the outputscale); the kernel "
-                  "products are recomputed in float64 (2-4x slower)", RuntimeWarning, stacklevel=3)
-
-
-@dataclass(frozen=True)
-class CaGPState:
-    """Everything CaGP computes from (X, y) for given actions (Alg. S2 lines 1–5).
-
-    Attributes:
-        x: (n, d) training inputs.
-        actions: S (n, i), a tensor or :class:`BlockSparseActions`.
-        residual: r = y − μ(X) (n,).
-        K_S: Z = K S (n, i).
-        gram_K: G_K = SᵀKS (i, i), float64.
-        gram_actions: D = SᵀS (i, i), float64.
-        logdet_actions: log det SᵀS, float64.
-        cholesky: L (i, i) with L Lᵀ = SᵀK̂S, float64.
-        y_proj: ỹ = Sᵀ r (i,), the projected data, float64.
-        repr_weights_proj: ṽ = G⁻¹ Sᵀ r (i,), float64.
-        noise: σ² (scalar).
-        prior_var_sum: Σ_j K(x_j, x_j), float64.
-    """
-
-    x: Tensor
-    actions: Tensor | BlockSparseActions
-    residual: Tensor
-    K_S: Tensor
-    gram_K: Tensor
-    gram_actions: Tensor
-    logdet_actions: Tensor
-    cholesky: Tensor
-    y_proj: Tensor
-    repr_weights_proj: Tensor
-    noise: Tensor
-    prior_var_sum: Tensor
-
-    @property
-    def num_actions(self) -> int:
-        return self.K_S.shape[-1]
 
 
 class CaGP(HeldOutNoise, Method):
@@ -278,6 +224,15 @@ class CaGP(HeldOutNoise, Method):
                 return False
         return True
 
+    def shard_plan(self, x: Tensor, y: Tensor, *, start: int,
+                   num_points: int) -> ShardPlan | None:
+        """CaGP-Opt trains data-parallel on the ELBO assembled from per-rank pieces
+        (:mod:`~gpscale.methods.cagp.sharded`); CaGP-CG has no such path (its CG actions are
+        residuals of the whole system)."""
+        if not isinstance(self.policy, LearnedBlockSparsePolicy):
+            return None
+        return sharded_plan(self, x, y, start)
+
     def loss(self, state: CaGPState) -> Tensor:
         """The chosen objective per datum: ``negative_elbo`` or ``projected_nll``."""
         value = self.negative_elbo(state) if self.objective == "elbo" else \
@@ -331,11 +286,6 @@ class CaGP(HeldOutNoise, Method):
                               noise=state.noise)
 
         return predict_in_chunks(chunk, x_test, chunk_size)
-
-
-def trace_solve(L: Tensor, A: Tensor) -> Tensor:
-    """tr(G⁻¹ A) for G = L Lᵀ."""
-    return torch.cholesky_solve(A, L).diagonal().sum()
 
 
 def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int | None = None,

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from gpscale.distributed.env import current
-from gpscale.distributed.reduce import all_reduce_sums, gather_predictive
+from gpscale.distributed.reduce import all_gather_rows, all_reduce_sums, gather_predictive
 from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
 from gpscale.errors import NumericalError
@@ -56,20 +56,14 @@ from gpscale.kernels import (
 from gpscale.linalg.operators.block_sparse import BlockSparseActions
 from gpscale.linalg.ops import upcast
 from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
-from gpscale.methods.base import as_dtype
+from gpscale.methods.base import Method, ShardPlan, as_dtype
 from gpscale.methods.cagp.actions import action_gram, upcast_actions
-from gpscale.methods.cagp.model import (
-    CaGP,
-    CaGPState,
-    gram_cholesky,
-    trace_solve,
-    warn_float64_fallback,
-)
+from gpscale.methods.cagp.state import CaGPState, gram_cholesky, trace_solve, warn_float64_fallback
 from gpscale.validation import check_x, check_xy
 
 __all__ = [
     "ShardedCaGPLoss", "ShardedCaGPState", "condition", "expected_log_lik", "kl", "loss",
-    "predict", "projected_nll",
+    "predict", "projected_nll", "sharded_plan",
 ]
 
 
@@ -122,8 +116,8 @@ class ShardedCaGPState:
         return self.K_S.shape[-1]
 
 
-def _check_model(model: CaGP) -> None:
-    if not isinstance(model, CaGP) or not isinstance(model.policy, LearnedBlockSparsePolicy):
+def _check_model(model: Method) -> None:
+    if not isinstance(getattr(model, "policy", None), LearnedBlockSparsePolicy):
         raise ValueError("data-parallel CaGP needs a cagp-opt model (learned block-sparse "
                          f"actions); got {type(model).__name__} with "
                          f"{type(getattr(model, 'policy', None)).__name__}")
@@ -141,7 +135,7 @@ def _project(blocks: Tensor, values: Tensor, M: Tensor, num_blocks: int) -> Tens
     return rows.new_zeros(num_blocks, M.shape[-1]).index_add(0, blocks, rows)
 
 
-def _kernel_rows_times_actions(model: CaGP, x_all: Tensor, S: BlockSparseActions, start: int,
+def _kernel_rows_times_actions(model: Method, x_all: Tensor, S: BlockSparseActions, start: int,
                                stop: int) -> Tensor:
     """Z_r = K(X_r, X) S (n_r, i): the fused rectangular product, or the symmetric one when
     this rank holds every row (P = 1), which evaluates half the kernel entries."""
@@ -152,7 +146,7 @@ def _kernel_rows_times_actions(model: CaGP, x_all: Tensor, S: BlockSparseActions
     return kernel_block_sparse_rect_matmul(model.kernel, x_all, S, rows=rows,
                                            chunk_size=model.chunk_size, backend=model.backend)
 
-def condition(model: CaGP, x_all: Tensor, x: Tensor, y: Tensor, start: int) -> ShardedCaGPState:
+def condition(model: Method, x_all: Tensor, x: Tensor, y: Tensor, start: int) -> ShardedCaGPState:
     """This rank's part of ``model.condition(X, y)`` (Alg. S2 lines 1–5); a collective.
 
     Args:
@@ -187,7 +181,7 @@ def condition(model: CaGP, x_all: Tensor, x: Tensor, y: Tensor, start: int) -> S
         return _condition(model, upcast(x_all), upcast(x), y, start, upcast_actions(S))
 
 
-def _condition(model: CaGP, x_all: Tensor, x: Tensor, y: Tensor, start: int,
+def _condition(model: Method, x_all: Tensor, x: Tensor, y: Tensor, start: int,
                S: BlockSparseActions) -> ShardedCaGPState:
     r = y.to(x.dtype) - model.mean(x)  # r_r
     noise, i, stop = model.noise, S.layout.num_blocks, start + x.shape[0]
@@ -233,7 +227,7 @@ def projected_nll(state: ShardedCaGPState) -> Tensor:
     return 0.5 * value / n
 
 
-def loss(model: CaGP, state: ShardedCaGPState) -> Tensor:
+def loss(model: Method, state: ShardedCaGPState) -> Tensor:
     """The model's objective per datum (``model.objective``), the same value on every rank."""
     value = kl(state) - expected_log_lik(state) if model.objective == "elbo" else \
         projected_nll(state)
@@ -251,13 +245,13 @@ class ShardedCaGPLoss:
     def __init__(self, x_all: Tensor, start: int):
         self.x_all, self.start = x_all, start
 
-    def __call__(self, model: CaGP, x: Tensor, y: Tensor) -> Tensor:
+    def __call__(self, model: Method, x: Tensor, y: Tensor) -> Tensor:
         if x.shape[0] + self.start > self.x_all.shape[0]:
             raise ValueError("data-parallel CaGP-Opt trains on the full shard (batch_size=None)")
         return loss(model, condition(model, self.x_all, x, y, self.start))
 
 
-def predict(model: CaGP, state: ShardedCaGPState, x_test: Tensor,
+def predict(model: Method, state: ShardedCaGPState, x_test: Tensor,
             chunk_size: int = 4096) -> Predictive:
     """μ_i, K_i and σ² at ``x_test`` (t, d), the same on every rank (a collective when P > 1).
 
@@ -273,3 +267,18 @@ def predict(model: CaGP, state: ShardedCaGPState, x_test: Tensor,
         return model.predict(full, x_test, chunk_size)
     start, stop = shard_range(x_test.shape[0], env.rank, env.world_size)
     return gather_predictive(model.predict(full, x_test[start:stop], chunk_size))
+
+
+def sharded_plan(model: Method, x: Tensor, y: Tensor, start: int) -> ShardPlan:
+    """CaGP-Opt's :class:`~gpscale.methods.base.ShardPlan`: every rank gathers all inputs X
+    once, trains on the full-data ELBO (:class:`ShardedCaGPLoss`) and predicts a shard of the
+    test points from the reduced state."""
+    _check_model(model)
+    x_all = all_gather_rows(x)
+
+    def predict_all(x_test: Tensor) -> Predictive:
+        with torch.no_grad():
+            return predict(model, condition(model, x_all, x, y, start), x_test)
+
+    return ShardPlan("global", predict_all, ShardedCaGPLoss(x_all, start), full_batch=True,
+                     inputs=x_all)

@@ -16,8 +16,8 @@ iteration independent of n.
 ``solve``       GGP's m-dimensional solves and the :class:`GridState` they assemble
 ``pipeline``    what the pipeline needs beside the options: training defaults per preset, small
                 test options
-``sharded``     GGP's statistics from per-rank shards for data-parallel training (not imported
-                here: it needs :mod:`gpscale.distributed`)
+``sharded``     GGP's statistics from per-rank shards for data-parallel training
+                (:meth:`GGP.shard_plan`)
 ==============  ================================================================================
 
 Importing the package registers ``ski`` and ``ggp``.

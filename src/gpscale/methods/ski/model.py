@@ -97,10 +97,11 @@ from gpscale.methods._common import (
     prior_modules,
     prior_options,
 )
-from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.base import Method, ShardPlan, predict_in_chunks
 from gpscale.methods.options import Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.methods.ski.pipeline import PIPELINE
+from gpscale.methods.ski.sharded import sharded_plan
 from gpscale.methods.ski.solve import (
     GridState,
     condition_statistics,
@@ -235,6 +236,12 @@ class GGP(HeldOutNoise, Method):
         check_x(x, num_dims=self.num_dims)
         check_xy(x, y)
         return self.condition_stats(self.statistics((x, y)))
+
+    def shard_plan(self, x: Tensor, y: Tensor, *, start: int,
+                   num_points: int) -> ShardPlan | None:
+        """Data-parallel GGP: statistics per rank, summed once
+        (:mod:`~gpscale.methods.ski.sharded`)."""
+        return sharded_plan(self, x, y, start, num_points)
 
     def training_loss(self, x: Tensor, y: Tensor):
         """The loss ``training.fit`` minimises on the full data (x, y): the statistics are

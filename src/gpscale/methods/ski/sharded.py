@@ -42,7 +42,7 @@ from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
 from gpscale.linalg.interpolation import Grid
 from gpscale.linalg.ops import rademacher
-from gpscale.methods.ski.model import GGP
+from gpscale.methods.base import Method, ShardPlan
 from gpscale.methods.ski.statistics import (
     StatisticsAccumulator,
     SufficientStatistics,
@@ -51,8 +51,8 @@ from gpscale.methods.ski.statistics import (
 from gpscale.validation import check_xy
 
 __all__ = [
-    "DEFAULT_CHUNK", "ShardedGGPLoss", "predict", "reduce_statistics", "shard_statistics",
-    "statistics",
+    "DEFAULT_CHUNK", "ShardedGGPLoss", "predict", "reduce_statistics", "sharded_plan",
+    "shard_statistics", "statistics",
 ]
 
 DEFAULT_CHUNK = 100_000
@@ -159,7 +159,7 @@ def reduce_statistics(stats: SufficientStatistics) -> SufficientStatistics:
                                 wt_probes, probe_sq)
 
 
-def statistics(model: GGP, data: tuple | Iterable, *, start: int, num_points: int,
+def statistics(model: Method, data: tuple | Iterable, *, start: int, num_points: int,
                chunk_size: int = DEFAULT_CHUNK) -> SufficientStatistics:
     """The statistics of all n points on every rank (what ``model.statistics`` gives in one
     process), from this rank's rows; a collective.
@@ -171,7 +171,7 @@ def statistics(model: GGP, data: tuple | Iterable, *, start: int, num_points: in
     Raises:
         ValueError: not a GGP model; the shards do not add up to ``num_points``.
     """
-    if not isinstance(model, GGP):
+    if getattr(model, "key", None) != "ggp":
         raise ValueError(f"data-parallel statistics need a ggp model; got {type(model).__name__}")
     local = shard_statistics(model.grid, data, start=start, num_points=num_points,
                              num_probes=model.options["num_probes"], seed=model.options["seed"],
@@ -195,11 +195,11 @@ class ShardedGGPLoss:
     def __init__(self, stats: SufficientStatistics):
         self.stats = stats
 
-    def __call__(self, model: GGP, x: Tensor, y: Tensor) -> Tensor:
+    def __call__(self, model: Method, x: Tensor, y: Tensor) -> Tensor:
         return model.loss(model.condition_stats(self.stats))
 
 
-def predict(model: GGP, stats: SufficientStatistics, x_test: Tensor,
+def predict(model: Method, stats: SufficientStatistics, x_test: Tensor,
             chunk_size: int = 4096) -> Predictive:
     """Predictive at ``x_test`` (t, d), the same on every rank (a collective when P > 1).
 
@@ -213,3 +213,12 @@ def predict(model: GGP, stats: SufficientStatistics, x_test: Tensor,
             return model.predict(state, x_test, chunk_size)
         lo, hi = shard_range(x_test.shape[0], env.rank, env.world_size)
         return gather_predictive(model.predict(state, x_test[lo:hi], chunk_size))
+
+
+def sharded_plan(model: Method, x: Tensor, y: Tensor, start: int, num_points: int) -> ShardPlan:
+    """GGP's :class:`~gpscale.methods.base.ShardPlan`: one pass over the shard and one
+    all-reduce give every rank the statistics of all points; from there training and
+    prediction run replicated on identical numbers."""
+    stats = statistics(model, (x, y), start=start, num_points=num_points)
+    return ShardPlan("global", lambda x_test: predict(model, stats, x_test),
+                     ShardedGGPLoss(stats), full_batch=True)
