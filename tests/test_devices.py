@@ -250,7 +250,7 @@ def dense_peak(method: str, n: int, phase: str) -> int:
     return n
 
 
-@pytest.mark.slow
+@pytest.mark.long  # peak memory of dense runs at a size where it shows
 @pytest.mark.parametrize("method", ["exact", "cggp"])
 def test_dense_copies_bound_the_measured_peak(method):
     """DENSE_COPIES holds: the peak memory of each phase grows by at most that many n × n

@@ -43,7 +43,7 @@ def test_generated_sets_have_the_stated_size_and_noise(tmp_path, name):
     assert np.array_equal(np.loadtxt(again, delimiter=",", skiprows=1), table)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # the suite's quick run: every key on a generated set
 def test_quick_run_covers_about_95_percent(tmp_path):
     rows = calibration.run(tmp_path, quick=True)
     for row in rows:

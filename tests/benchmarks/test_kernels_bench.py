@@ -18,7 +18,7 @@ def test_block_sparse_rows_time_both_backends_forward_and_backward():
         assert abs(r["entries_per_s"] * r["seconds"] - 700**2) < 1e-6 * 700**2
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_gpu_rows_run_on_any_device_and_check_accuracy():
     """The GPU suite's rows, run on the CPU at n = 150 (Triton by its interpreter): every
     backend that runs there plus the hand-written loop, with times, accuracy against float64
@@ -67,7 +67,7 @@ def test_suites_without_a_gpu_path_refuse_device(tmp_path):
         run_suite("ski", tmp_path, quick=True, device="cuda")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_triton_sweep_ranks_configurations_and_names_the_chosen_one():
     """The tuning sweep on the CPU (Triton's interpreter, n = 96): two modes at one shape, the
     finalists' backward, and a chosen row whose environment settings name its configuration;

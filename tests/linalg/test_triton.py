@@ -55,7 +55,7 @@ def test_shapes_against_dense(n1, n2, d, k, generator):
                                _dense("matern52", z1, z2, v), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("profile", [PROFILES[0], *(pytest.param(p, marks=pytest.mark.slow)
+@pytest.mark.parametrize("profile", [PROFILES[0], *(pytest.param(p, marks=pytest.mark.long)
                                                       for p in PROFILES[1:])])
 def test_gradcheck(profile, generator):
     z1, z2, v = (t.requires_grad_() for t in _inputs(generator, 2, 9, 7, 3, 4))

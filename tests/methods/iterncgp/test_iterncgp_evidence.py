@@ -330,7 +330,7 @@ def test_harness_learns_the_kernel_and_records_rounds():
     torch.testing.assert_close(state.f, model.condition(x, y).f, rtol=0, atol=0)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_binary_1d_recovers_the_generating_lengthscale():
     """Median over five draws (n = 2,000 on [0, 10], ℓ = 0.5, s = 9) within 20 %: one draw's
     Laplace evidence can peak far off (measured ℓ: 0.474, 0.513, 1.0, 0.519, 0.641; for a
