@@ -25,7 +25,7 @@ def test_plan_runs_every_key_with_no_options():
         list(defaults._plan(False, ("yacht",)))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_quick_run_on_the_mixture(tmp_path):
     rows = defaults.run(tmp_path, quick=True, datasets=("gmm10",))
     assert [r["method"] for r in rows] == ["iterncgp", "solvegp", "svgp"]

@@ -7,7 +7,7 @@ import pytest
 from gpscale.benchmarks import scale
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("method, field", [("softki", scale.FIELD_8D), ("ggp", scale.FIELD_3D)])
 def test_a_row_reports_load_training_and_prediction(tmp_path, method, field):
     path, floor = scale._file(tmp_path, 3000, field)

@@ -35,7 +35,7 @@ def test_plan_covers_the_paper_comparison():
         list(solvegp._plan(quick=True, datasets=("nope",)))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_quick_run_writes_results(tmp_path, data_root, monkeypatch):
     """quick=True trains every method one epoch on elevators and MNIST and reports them."""
     monkeypatch.setenv("GPSCALE_DATA", str(data_root))

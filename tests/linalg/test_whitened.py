@@ -99,7 +99,7 @@ def test_whitened_solve_equals_dense_k_tilde_solves(sizes, density):
     assert float(res.logdet_samples.std()) < 0.05 * abs(float(logdet))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_preconditioning_beats_factorized_cg_as_n_grows():
     """At fixed m the factorized CG needs more iterations as n grows; the whitened PCG does not."""
     its = {}

@@ -44,7 +44,7 @@ def _svgp_predict_peak(num_points: int) -> float:
     return peak_rss_mb() - before
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_svgp_prediction_memory_does_not_grow_with_the_test_points():
     """Before the outputs were preallocated, glibc's heap grew by ~3 kB per test point (SVGP
     at 10⁶ points: 2.5 GB); now 4× the points cost little more than their outputs (8 B each)."""

@@ -21,7 +21,7 @@ def _field(n: int, seed: int = 0):
     return X, np.sin(6 * X[:, 0]) * np.cos(4 * X[:, 1]) + 0.1 * rng.standard_normal(n)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ggp_with_default_options_matches_the_exact_gp():
     """Reported: default GGP gave test RMSE 0.97 where the exact GP gives 0.10 (the predictive
     mean was formed by a cancelling difference). Defaults now land within 10% of exact."""
