@@ -18,18 +18,20 @@ Without a process group (one process) every function is the identity.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from gpscale.distributed.env import collective, current
+from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
 
 __all__ = [
     "all_gather_rows", "all_reduce_max", "all_reduce_sum", "all_reduce_sums", "barrier",
-    "broadcast_module", "check_replicated", "gather_predictive", "reduce_gradients",
+    "broadcast_module", "check_replicated", "gather_predictive", "predict_in_shards",
+    "reduce_gradients",
     "rows_at", "weighted_mean",
 ]
 
@@ -208,3 +210,15 @@ def gather_predictive(pred: Predictive) -> Predictive:
         per_point = value is not None and value.dim() >= 1 and value.shape[0] == t
         fields[name] = all_gather_rows(value) if per_point else value
     return Predictive(**fields)
+
+
+def predict_in_shards(predict: Callable[[Tensor], Predictive], x_test: Tensor) -> Predictive:
+    """``predict(x_test)`` with each rank predicting its shard of the test points
+    (:func:`~gpscale.distributed.shard.shard_range`) and the parts gathered; every rank gets all
+    of them (a collective). With fewer test points than ranks, or one process, every rank
+    predicts all of them itself."""
+    env = current()
+    if not env.active or x_test.shape[0] < env.world_size:
+        return predict(x_test)
+    lo, hi = shard_range(x_test.shape[0], env.rank, env.world_size)
+    return gather_predictive(predict(x_test[lo:hi]))

@@ -49,9 +49,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from gpscale.distributed.env import current
-from gpscale.distributed.reduce import gather_predictive
-from gpscale.distributed.shard import shard_range
+from gpscale.distributed.reduce import predict_in_shards
 from gpscale.distributions import Predictive, concat
 
 __all__ = ["Method", "ShardPlan", "module_device", "predict_in_chunks", "parameter_digest"]
@@ -191,11 +189,8 @@ class Method(nn.Module, ABC):
 
         def predict(x_test: Tensor) -> Predictive:
             with torch.no_grad():
-                env = current()
-                if x_test.shape[0] < env.world_size:
-                    return self.predict(self.condition(x, y), x_test)
-                lo, hi = shard_range(x_test.shape[0], env.rank, env.world_size)
-                return gather_predictive(self.predict(self.condition(x, y), x_test[lo:hi]))
+                state = self.condition(x, y)
+                return predict_in_shards(lambda part: self.predict(state, part), x_test)
 
         return ShardPlan("local", predict)
 

@@ -43,9 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gpscale.distributed.env import current
-from gpscale.distributed.reduce import all_gather_rows, all_reduce_sums, gather_predictive
-from gpscale.distributed.shard import shard_range
+from gpscale.distributed.reduce import all_gather_rows, all_reduce_sums, predict_in_shards
 from gpscale.distributions import Predictive
 from gpscale.errors import NumericalError
 from gpscale.kernels import (
@@ -258,15 +256,11 @@ def predict(model: Method, state: ShardedCaGPState, x_test: Tensor,
     Each rank predicts rows ``shard_range(t, rank, P)`` with ``model.predict`` and the parts are
     gathered; with fewer test points than ranks every rank predicts all of them.
     """
-    env = current()
     full = CaGPState(state.x, state.actions, state.residual, state.K_S, state.gram_K,
                      state.gram_actions, state.logdet_actions, state.cholesky, state.y_proj,
                      state.repr_weights_proj, state.noise, state.prior_var_sum)
     # ``full`` carries only this rank's rows of r and K S; CaGP.predict reads neither.
-    if not env.active or x_test.shape[0] < env.world_size:
-        return model.predict(full, x_test, chunk_size)
-    start, stop = shard_range(x_test.shape[0], env.rank, env.world_size)
-    return gather_predictive(model.predict(full, x_test[start:stop], chunk_size))
+    return predict_in_shards(lambda part: model.predict(full, part, chunk_size), x_test)
 
 
 def sharded_plan(model: Method, x: Tensor, y: Tensor, start: int) -> ShardPlan:

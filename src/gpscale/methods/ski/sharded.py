@@ -37,8 +37,7 @@ import torch
 from torch import Tensor
 
 from gpscale.distributed.env import current
-from gpscale.distributed.reduce import all_reduce_sums, gather_predictive
-from gpscale.distributed.shard import shard_range
+from gpscale.distributed.reduce import all_reduce_sums, predict_in_shards
 from gpscale.distributions import Predictive
 from gpscale.linalg.interpolation import Grid
 from gpscale.linalg.ops import rademacher
@@ -206,13 +205,9 @@ def predict(model: Method, stats: SufficientStatistics, x_test: Tensor,
     Each rank predicts rows ``shard_range(t, rank, P)`` from the replicated statistics and the
     parts are gathered; with fewer test points than ranks every rank predicts all of them.
     """
-    env = current()
     with torch.no_grad():
         state = model.condition_stats(stats)
-        if not env.active or x_test.shape[0] < env.world_size:
-            return model.predict(state, x_test, chunk_size)
-        lo, hi = shard_range(x_test.shape[0], env.rank, env.world_size)
-        return gather_predictive(model.predict(state, x_test[lo:hi], chunk_size))
+        return predict_in_shards(lambda part: model.predict(state, part, chunk_size), x_test)
 
 
 def sharded_plan(model: Method, x: Tensor, y: Tensor, start: int, num_points: int) -> ShardPlan:
