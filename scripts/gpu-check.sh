@@ -10,6 +10,10 @@
 #   bash scripts/gpu-check.sh table [protein keggu mnist ggp]   # the rest of the GPU table,
 #                                       # defaults, svgp beside cagp-opt (minutes per row)
 #   bash scripts/gpu-check.sh sweep     # the Triton sweep alone (n = 100,000; ~4 min)
+#   bash scripts/gpu-check.sh conv      # convolutional rows on the card: MNIST conv-SOLVE-GP
+#                                       # M+M vs conv-SVGP M, 2M at the paper's stride 1; then,
+#                                       # where $GPSCALE_DATA has cifar-10-batches-bin, CIFAR-10
+#                                       # with Table 1's settings for 10 minutes (~15 min)
 #   bash scripts/gpu-check.sh tune      # the sweep (n = 100,000), then `kernels` with its choice,
 #                                       # kept in /tmp/gpscale-triton.env for later steps (~6 min)
 #
@@ -19,7 +23,7 @@
 #   .venv/bin/python -m pip wheel --no-deps .whl/*.tar.gz -w .whl && rm .whl/*.tar.gz
 # and `carry: [".whl"]` in the run call. The machine's python3 has torch, triton, gpytorch.
 set -uo pipefail
-step=${1:?usage: gpu-check.sh kernels|sweep|tune|tests|paths|fits|table}
+step=${1:?usage: gpu-check.sh kernels|sweep|tune|tests|paths|fits|table|conv}
 out=${OUT:-runs/gpu-check}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -106,7 +110,27 @@ for row in rows:
 json.dump(rows, open(os.path.join(os.environ.get("OUT", "runs/gpu-check"), "sweep.json"), "w"))
 PY
     ;;
+conv)
+    # equal iterations on MNIST at stride 1 (the paper's), the three rows of Table 1's comparison
+    for run in "conv-solvegp num_inducing=384 num_orthogonal=384" "conv-svgp num_inducing=384" \
+               "conv-svgp num_inducing=768"; do
+        set -- $run; key=$1; shift; opts=(); for o in "$@"; do opts+=(-o "$o"); done
+        python3 -m gpscale fit --dataset mnist --method "$key" "${opts[@]}" -o stride=1 \
+            --device cuda --epochs 5 --out "$out/conv-mnist-$key-${1#num_inducing=}" \
+            --overwrite --no-progress 2>&1 | tail -n 25 | tee -a "$out/conv.log"
+    done
+    if python3 -c "from gpscale.data.datasets import load_dataset as l; l('cifar10', num_train=2, num_test=1)" 2>/dev/null; then
+        # Table 1 (notes/004 §3.2): 1K + 1K inducing patches, 5 x 5 stride 1, TICK, robust-max,
+        # Adam 0.003, batch 64; ten minutes instead of 300K iterations
+        python3 -m gpscale fit --dataset cifar10 --method conv-solvegp -o num_inducing=1000 \
+            -o num_orthogonal=1000 -o stride=1 --lr 0.003 --device cuda --max-time 600 \
+            --out "$out/conv-cifar10" --overwrite --no-progress 2>&1 | tail -n 25 \
+            | tee -a "$out/conv.log"
+    else
+        echo "no cifar-10-batches-bin on GPSCALE_DATA: CIFAR-10 skipped" | tee -a "$out/conv.log"
+    fi
+    ;;
 *)
-    echo "unknown step $step (kernels, sweep, tune, tests, paths, fits or table)"; exit 2
+    echo "unknown step $step (kernels, sweep, tune, tests, paths, fits, table or conv)"; exit 2
     ;;
 esac

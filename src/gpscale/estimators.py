@@ -7,7 +7,8 @@ data), ``training.fit`` and the method's predictive::
     mean, std = reg.predict(X_test, return_std=True)
 
 Inputs (and regression targets) are standardised with training statistics by default; columns
-constant on the training set are dropped. Any keyword that is not an estimator parameter is a
+constant on the training set are dropped (not for an image method, ``conv-solvegp``: its pixels
+are used as they are). Any keyword that is not an estimator parameter is a
 method option (``num_inducing``, ``kernel``, ...) and round-trips through ``get_params`` /
 ``set_params`` like a parameter, so the estimators clone and grid-search as scikit-learn expects.
 Method options are checked against the method's declaration (``gpscale methods KEY``) when the
@@ -167,7 +168,9 @@ class _GPEstimator(BaseEstimator):
         latents = num_classes if (num_classes or 0) > 2 else 1
         logging.getLogger("gpscale.fit").info(plan_text(self.method_, config, options,
                                                         x.shape[0], latents, self._task))
-        self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression")
+        images = get_spec(self.method_).inputs == "images"  # pixels stay as they are
+        self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression",
+                                            standardize_x=not images)
                            if self.standardize else None)
         train = cast(self._transform_xy(x, y), config, self._task)
         trained = train_method(self.method_, train, task=self._task, num_classes=num_classes,

@@ -137,8 +137,9 @@ class RunResult:
 
 def load_data(spec: RunSpec) -> Dataset:
     if spec.csv is not None:  # a target of digits is a column name first, else an index
+        images = spec.method != "auto" and get_spec(spec.method).inputs == "images"
         return load_csv(spec.csv, str(spec.target), task=spec.task, seed=spec.split,
-                        **spec.dataset_options)
+                        standardize_x=not images, **spec.dataset_options)
     return load_dataset(spec.dataset, split=spec.split, seed=spec.seed, **spec.dataset_options)
 
 

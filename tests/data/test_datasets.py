@@ -79,7 +79,8 @@ def test_list_datasets_without_files(tmp_path):
 
 def test_list_datasets_finds_shared_files(data_root):
     infos = {i.name: i for i in list_datasets(roots=[data_root])}
-    assert all(i.present for i in infos.values())
+    users_own = {"cifar10"}  # read from the user's copy: not in the shared data
+    assert all(i.present for i in infos.values() if i.name not in users_own)
     assert infos["yacht"].location == str(data_root / "uci" / "yacht")
 
 

@@ -40,7 +40,9 @@ COLUMNS = ("dataset", "method", "n_train", "num_dims", "epochs", "stopped", "set
 
 
 def _keys(task: str) -> list[str]:
+    """The tabular keys of ``task`` (image methods have their own rows: suite ``solvegp``)."""
     return sorted(k for k, spec in METHODS.items() if task in spec.tasks
+                  and spec.inputs == "vectors"
                   and not (task == "classification" and k == "sod-laplace"))
 
 

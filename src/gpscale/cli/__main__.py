@@ -394,6 +394,9 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         config = default_fit_config(args.key)
         print(f"{spec.key}: {spec.summary}")
         print(f"tasks: {', '.join(spec.tasks)}; status: {spec.status}")
+        if spec.inputs == "images":
+            print("inputs: images, one flattened (channel-last) image per row; square grey "
+                  "or colour images are recognised, others need -o image_shape=H,W[,C]")
         print(f"training defaults: optimizer={config.optimizer} lr={config.lr} "
               f"epochs={config.epochs} batch_size={config.batch_size} "
               f"scheduler={config.scheduler} dtype={config.dtype} max_time={config.max_time}")
@@ -401,8 +404,8 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         print(spec.describe())
         return 0
     for key, spec in sorted(METHODS.items()):
-        print(f"{key:10s} {spec.status:12s} {','.join(spec.tasks):28s} {spec.summary}")
-    print(f"{'auto':10s} {'ready':12s} {'regression,classification,counts':28s} chooses one "
+        print(f"{key:12s} {spec.status:12s} {','.join(spec.tasks):28s} {spec.summary}")
+    print(f"{'auto':12s} {'ready':12s} {'regression,classification,counts':28s} chooses one "
           "of the above from the task, n, d and memory (`gpscale methods auto`)")
     return 0
 

@@ -117,7 +117,8 @@ def numeric_columns(path: str | Path, table: Table, columns: list[int]) -> np.nd
 
 def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
              test_fraction: float = 0.1, seed: int = 0, header: str | int | None = "infer",
-             delimiter: str | None = None, dtype: torch.dtype = torch.float64) -> Dataset:
+             delimiter: str | None = None, dtype: torch.dtype = torch.float64,
+             standardize_x: bool = True) -> Dataset:
     """Load a data file (CSV, Parquet or ``.npy``) with a random train/test split.
 
     Args:
@@ -133,6 +134,9 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
             first row is a header). Text files.
         delimiter: field separator; ``None`` sniffs it (tab, ';', ',' or '|'). Text files.
         dtype: floating dtype of x (and of y for regression and counts).
+        standardize_x: ``False`` keeps the inputs as they are, every column (the pixels of
+            images for a convolutional method); by default they are standardised and constant
+            columns dropped.
 
     Returns:
         The :class:`Dataset`; ``info`` holds the source, target and input column names
@@ -182,7 +186,7 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
     x = torch.from_numpy(x)
     data = standardized_dataset(path.name.split(".")[0], x, y, train_idx, test_idx, task=task,
                                 num_classes=len(classes) if classes else None, dtype=dtype,
-                                info=info)
+                                info=info, standardize_x=standardize_x)
     _warn_if_dropped(path, data, x[train_idx[:1]])
     return data
 

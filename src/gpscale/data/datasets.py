@@ -1,4 +1,4 @@
-"""The data set registry and loaders: UCI regression sets, MNIST, and the synthetic sets.
+"""The data set registry and loaders: UCI regression sets, MNIST, CIFAR-10, the synthetic sets.
 
 Files are found on the search path (:func:`search_path`): the folders in ``$GPSCALE_DATA``
 (``os.pathsep``-separated), then ``~/.cache/gpscale``. Layout under a root:
@@ -16,6 +16,9 @@ Preprocessing:
   and would make the feature set depend on the subset; kernel hyperparameters quoted for MNIST
   (notes/000 §11.4) refer to this raw scale. Train and test points are both drawn from the 10k
   test set by a permutation seeded with ``seed + split``.
+- CIFAR-10 (``cifar10``): the user's copy of the official binary batches in
+  ``cifar-10-batches-bin/`` (:mod:`gpscale.data.cifar`; the pickled Python distribution is
+  refused, naming its folder), x = pixels / 255 as MNIST, rows channel-last (32 · 32 · 3).
 - Synthetic sets (:mod:`gpscale.data.synthetic`) are returned on their natural scale, drawn with
   seed ``seed + split`` (so split s of seed 0 is the draw with seed s).
 
@@ -28,7 +31,7 @@ before the loader runs: an unknown option or a value of the wrong kind or range 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ import torch
 from torch import Tensor
 
 import gpscale.data.synthetic as synthetic
+from gpscale.data.cifar import CIFAR_FOLDER, CIFAR_TEST, CIFAR_TRAIN, REFUSED, read_cifar_batch
 from gpscale.data.download import REMOTE_FILES, FileSpec, default_cache_dir
 from gpscale.data.mnist import MNIST_IMAGES, MNIST_LABELS, read_idx
 from gpscale.data.options import DataOption, check_data_options, sizes
@@ -119,6 +123,8 @@ class DatasetEntry:
         files: the remote files (URLs and SHA-256), empty for generated sets.
         num_classes: C for classification.
         options: the loader's keyword options, declared (none for the UCI sets).
+        refused: folders (beside this set's) holding a distribution gpscale will not read,
+            with the reason, for the not-found error (CIFAR-10's pickles).
     """
 
     name: str
@@ -130,6 +136,7 @@ class DatasetEntry:
     files: tuple[FileSpec, ...] = ()
     num_classes: int | None = None
     options: tuple[DataOption, ...] = ()
+    refused: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def folder(self) -> str | None:
@@ -154,15 +161,18 @@ class DatasetInfo:
 def standardized_dataset(name: str, x: Tensor, y: Tensor, train_idx: Tensor, test_idx: Tensor,
                          *, task: str = "regression", num_classes: int | None = None,
                          dtype: torch.dtype = torch.float64,
-                         info: dict[str, Any] | None = None) -> Dataset:
+                         info: dict[str, Any] | None = None,
+                         standardize_x: bool = True) -> Dataset:
     """Split rows, fit a :class:`Standardizer` on the training rows only, and apply it.
 
-    x is standardised for every task; y only for regression (labels and counts stay as they
-    are). Columns constant on the training rows are dropped and listed in ``info``.
+    x is standardised for every task (unless ``standardize_x`` is false: images); y only for
+    regression (labels and counts stay as they are). Columns constant on the training rows are
+    dropped and listed in ``info`` (none when x is not standardised).
     """
     x_train, x_test = x[train_idx], x[test_idx]
     y_train, y_test = y[train_idx], y[test_idx]
-    transform = Standardizer.fit(x_train, y_train, standardize_y=task == "regression")
+    transform = Standardizer.fit(x_train, y_train, standardize_y=task == "regression",
+                                 standardize_x=standardize_x)
     if task != "classification":
         y_train, y_test = transform.transform_y(y_train).to(dtype), \
             transform.transform_y(y_test).to(dtype)
@@ -211,6 +221,31 @@ def _load_mnist(entry: DatasetEntry, folder: Path, *, split: int, seed: int, dty
             "permutation_seed": seed + split, "pixel_scale": "x = pixel / 255"}
     return Dataset(entry.name, x[train], y[train], x[test], y[test], task="classification",
                    num_classes=10, info=info)
+
+
+def _load_cifar10(entry: DatasetEntry, folder: Path, *, split: int, seed: int,
+                  dtype: torch.dtype, num_train: int = 50_000, num_test: int = 10_000) -> Dataset:
+    """The official training and test batches; ``num_train`` / ``num_test`` take a seeded
+    random subset of each (split added to the seed). x = pixel / 255, channel-last rows."""
+    _check_split(split)
+    parts = [read_cifar_batch(folder / name) for name in CIFAR_TRAIN]
+    x_train = np.concatenate([p[0] for p in parts])
+    y_train = np.concatenate([p[1] for p in parts])
+    x_test, y_test = read_cifar_batch(folder / CIFAR_TEST)
+    g = torch.Generator().manual_seed(seed + split)
+
+    def subset(x: np.ndarray, y: np.ndarray, count: int, what: str) -> tuple[Tensor, Tensor]:
+        if count > x.shape[0]:
+            raise ValueError(f"{what}: {count} asked for, the batches hold {x.shape[0]}")
+        rows = torch.randperm(x.shape[0], generator=g)[:count].sort().values.numpy()
+        images = torch.from_numpy(x[rows].reshape(count, -1).astype(np.float64) / 255.0)
+        return images.to(dtype), torch.from_numpy(y[rows])
+
+    xs, ys = subset(x_train, y_train, num_train, "num_train")
+    xt, yt = subset(x_test, y_test, num_test, "num_test")
+    info = {"source": str(folder), "split": split, "seed": seed,
+            "pixel_scale": "x = pixel / 255", "image_shape": [32, 32, 3]}
+    return Dataset(entry.name, xs, ys, xt, yt, task="classification", num_classes=10, info=info)
 
 
 def _synthetic_loader(generate: Callable[..., synthetic.SyntheticData],
@@ -309,6 +344,12 @@ DATASETS: dict[str, DatasetEntry] = {
                           "MNIST test set (10k digits), 8k/2k split", _load_mnist,
                           REMOTE_FILES["mnist"], num_classes=10,
                           options=sizes("training digits", "test digits")),
+    "cifar10": DatasetEntry("cifar10", "classification", 60_000, 3072,
+                            "CIFAR-10, your copy of the binary batches (cifar-10-batches-bin)",
+                            _load_cifar10, tuple(FileSpec(f"{CIFAR_FOLDER}/{name}", (), "")
+                                                 for name in (*CIFAR_TRAIN, CIFAR_TEST)),
+                            num_classes=10, options=sizes("training images", "test images"),
+                            refused=REFUSED),
     **{entry.name: entry for entry in _GENERATED},
 }
 ALIASES: dict[str, str] = {"mixture": "gmm10"}
@@ -378,6 +419,11 @@ def load_dataset(name: str, *, split: int = 0,
         searched = _roots(roots)
         folder = _find_folder(entry, searched)
         if folder is None:
+            for root in searched:
+                for name, why in entry.refused.items():
+                    if (root / name).exists():
+                        raise FileNotFoundError(f"data set {entry.name!r}: {root / name} is "
+                                                f"{why}")
             where = ", ".join(str(r / entry.folder) for r in searched)
             raise FileNotFoundError(
                 f"data set {entry.name!r} not found; searched: {where}. Set GPSCALE_DATA to a "

@@ -75,7 +75,7 @@ class Standardizer:
 
     @classmethod
     def fit(cls, x: Float[Tensor, "n d"], y: Float[Tensor, " n"] | None = None, *,
-            standardize_y: bool = True) -> Standardizer:
+            standardize_y: bool = True, standardize_x: bool = True) -> Standardizer:
         """Compute the statistics from training data.
 
         Args:
@@ -83,6 +83,8 @@ class Standardizer:
             y: training targets, shape (n,), or ``None``.
             standardize_y: when ``False`` (or ``y`` is ``None``) the target map is the identity,
                 as for class labels and counts.
+            standardize_x: when ``False`` the input map is the identity and every column is
+                kept, as for the pixels of images (a patch needs every pixel on one scale).
 
         Returns:
             The fitted standardiser.
@@ -105,6 +107,9 @@ class Standardizer:
             cols = torch.nonzero(~torch.isfinite(std_all)).flatten().tolist()
             raise ValueError(f"x columns {cols} are too large to standardise in float64 "
                              f"(largest |value| {float(xd.abs().max()):g}); rescale them")
+        if not standardize_x:  # the identity on every column
+            mean_all, low_all = torch.zeros_like(mean_all), torch.zeros_like(low_all)
+            std_all = torch.ones_like(std_all)
         keep = (std_all > 0).nonzero().flatten()  # (d_kept,)
         if keep.numel() == 0:
             raise ValueError(f"all {x.shape[1]} input columns are constant on the training set")

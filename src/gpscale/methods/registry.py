@@ -47,6 +47,9 @@ PRESETS = ("default", "paper")
 :data:`DEFAULT_BUDGET_S`; ``paper`` runs the fixed epochs and learning rates of the benchmark
 suites."""
 
+INPUTS = ("vectors", "images")
+"""What a row of x can be to a method (``MethodSpec.inputs``)."""
+
 DEFAULT_BUDGET_S = 300.0
 """Wall-clock training budget of every method's defaults (seconds); ``--max-time`` overrides."""
 
@@ -154,6 +157,9 @@ class MethodSpec:
         test_options: options small enough that the method builds and trains on a few dozen
             points in well under a second (:data:`gpscale.testing.SMALL_OPTIONS`); a method
             with a ``"kernel"`` pre-fit gets a fixed kernel there so that none runs.
+        inputs: what a row of x is to the method: ``"vectors"`` (the default: any table of
+            numbers) or ``"images"`` (flattened images, cut into patches: the convolutional
+            keys); ``auto`` and the tabular suites consider only ``"vectors"`` methods.
     """
 
     key: str
@@ -169,8 +175,12 @@ class MethodSpec:
     dense_copies: float | None = None
     plan: Callable[[dict[str, Any], float | None, int | None, int], str] | None = None
     test_options: Mapping[str, Any] = field(default_factory=dict)
+    inputs: str = "vectors"
 
     def __post_init__(self):
+        if self.inputs not in INPUTS:
+            raise ValueError(f"method {self.key!r}: inputs must be one of {', '.join(INPUTS)}; "
+                             f"got {self.inputs!r}")
         names = [o.name for o in self.options]
         if len(set(names)) != len(names):
             raise ValueError(f"method {self.key!r} declares an option twice: {names}")

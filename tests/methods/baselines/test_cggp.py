@@ -65,3 +65,27 @@ def test_settings_are_recorded_in_options(toy_regression):
 def test_invalid_setting_raises(toy_regression):
     with pytest.raises(ValueError, match="cg_tolerance"):
         build("cggp", 2, init=toy_regression, cg_tolerance=0.0)
+
+
+@pytest.mark.parametrize("eval_cg_tolerance, within", [(None, 0.01), (0.01, None)])
+def test_default_prediction_tolerance_gives_cholesky_variances(eval_cg_tolerance, within):
+    """At small noise a residual that serves the mean leaves k*ᵀ(K + σ²I)⁻¹k* short and the
+    predictive variance too large; the default tolerance gives Cholesky's to 1 %. The 0.01
+    case checks that this data shows the difference (its variances are off by over 20 %)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(800, 3, generator=g, dtype=torch.float64) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + x[:, 1] * x[:, 2] + 0.05 * torch.randn(800, generator=g,
+                                                                        dtype=torch.float64)
+    x_test = torch.rand(50, 3, generator=g, dtype=torch.float64) * 4 - 2
+    hypers = {"outputscale": 2.0, "noise": 2.5e-3, "mean_constant": 0.0, "lengthscale": 1.0}
+    exact = build("exact", 3, init=(x, y), **hypers)
+    options = {} if eval_cg_tolerance is None else {"eval_cg_tolerance": eval_cg_tolerance}
+    cggp = build("cggp", 3, init=(x, y), **hypers, **options)
+    with torch.no_grad():
+        pred = cggp.predict(cggp.condition(x, y), x_test)
+        ref = exact.predict(exact.condition(x, y), x_test)
+    error = ((pred.variance + pred.noise) / (ref.variance + ref.noise) - 1).abs().max()
+    if within is not None:
+        assert error < within
+    else:
+        assert error > 0.2

@@ -13,11 +13,21 @@ ELBO needs Cholesky factors of size M and M2, never M + M2. With no orthogonal p
               q(v⊥) and q(u), k-means initialisation and the declared options
 ``pipeline``  what the pipeline needs beside the options: training defaults per preset, the
               inducing sets on a GPU, small test options
+``conv``      §4's convolutional models on images: :class:`ConvSolveGP` (``conv-solvegp``) and
+              :class:`ConvSVGP` (``conv-svgp``), SOLVE-GP / SVGP whose inducing variables are
+              patch values, with their factory and registration
+``conv_kernel``  the convolutional (TICK) kernel and the covariances of its inducing patches
+``images``    images as flattened rows: their shape, and how patches are cut from them
+``likelihoods``  the expected log-likelihoods and predictives of each likelihood, and the
+              robust-max likelihood
 ============  ====================================================================================
 
-Importing the package registers ``solvegp``.
+Importing the package registers ``solvegp``, ``conv-solvegp`` and ``conv-svgp``.
 """
 
+from gpscale.methods.solvegp.conv import ConvSolveGP, ConvSVGP, build_conv_solvegp
+from gpscale.methods.solvegp.conv_kernel import ConvKernel
+from gpscale.methods.solvegp.images import ImageShape, PatchGeometry, infer_image_shape
 from gpscale.methods.solvegp.model import DEFAULT_JITTER, TASKS, SolveGP, build_solvegp
 from gpscale.methods.solvegp.parts import (
     OBJECTIVES,
@@ -33,6 +43,8 @@ from gpscale.methods.solvegp.parts import (
     optimal_q_v,
 )
 
-__all__ = ["OBJECTIVES", "ORTHOGONAL_Q", "InducingFactors", "Projections", "SolveGP",
+__all__ = ["ConvKernel", "ConvSVGP", "ConvSolveGP", "ImageShape", "PatchGeometry",
+           "build_conv_solvegp", "infer_image_shape", "OBJECTIVES", "ORTHOGONAL_Q",
+           "InducingFactors", "Projections", "SolveGP",
            "SolveGPState", "WhitenedQ", "build_solvegp", "collapsed_bound", "gauss_hermite",
            "kl_whitened", "optimal_q_u", "optimal_q_v", "DEFAULT_JITTER", "TASKS"]

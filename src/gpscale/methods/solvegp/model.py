@@ -44,12 +44,9 @@ Implemented:
   ``orthogonal_q='mean'`` fixes S_v = C_vv (whitened L_v = I) and learns m_v only: ODVGP
   (Salimbeni et al. 2018, notes §2.10), without its K_vv column subsampling.
 
-Likelihoods (gpscale.likelihoods): Gaussian, closed form; binary labels: one latent GP with the
-logistic Bernoulli, E[log p] and p(y = 1) by Gauss–Hermite quadrature (``num_quadrature`` nodes);
-C > 2 classes: C independent latent GPs (own kernel hyperparameters, own Z and O, as ``svgp``),
-softmax, E[log p] and probabilities by Monte Carlo with ``num_likelihood_samples`` draws from
-the independent marginals (prediction: one set of draws seeded with ``seed``, shared by all
-points; training draws from the global generator or ``loss``'s). Initialisation: k-means with
+Likelihoods (:mod:`.solvegp.likelihoods`): Gaussian; binary labels: logistic Bernoulli, one
+latent GP; C > 2 classes: C latent GPs (own kernel, Z and O, as ``svgp``) and the softmax by
+Monte Carlo (prediction's draws seeded with ``seed``) or robust-max. Initialisation: k-means with
 M + M2 centres on (a seeded subsample of) the inputs, randomly split into Z (M) and O (M2), so
 that no o_i sits on a z_j (C_vv would be singular there, notes §5); q(u), q(v⊥) start at the
 prior (whitened: N(0, I); unwhitened: L_u = L_u⁰, L_v = L_v⁰). Numerics and speed (one minibatch
@@ -73,7 +70,6 @@ the GPyTorch baselines.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import gpytorch
@@ -95,12 +91,12 @@ from gpscale.methods._common import (
 )
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.registry import MethodSpec, register
+from gpscale.methods.solvegp.likelihoods import expected_log_lik, predictive
 from gpscale.methods.solvegp.optimal import finalize_regression
 from gpscale.methods.solvegp.parts import (
     OBJECTIVES,
     ORTHOGONAL_Q,
     SOLVEGP_OPTIONS,
-    VARIANCE_FLOOR,
     InducingFactors,
     Projections,
     SolveGPState,
@@ -144,6 +140,9 @@ class SolveGP(Method):
         task: ``"regression"`` or ``"classification"``.
         num_classes: C for classification, else ``None``.
         num_dims: input dimension d.
+        num_latents: latent GPs L (one q(u), q(v⊥) each); ``None``: one per inducing set.
+            With one set (batch 1) and L > 1 the latent GPs share the inducing inputs and the
+            kernel (a multi-output model whose outputs differ only in q).
         num_data: N, scales the KL terms.
         objective: ``'elbo'`` (Eq. 8, minibatch) or ``'collapsed'`` (Eq. 30, full batch).
         whiten: whitened (default) or unwhitened parameterisation of q.
@@ -173,7 +172,7 @@ class SolveGP(Method):
                  objective: str = "elbo", whiten: bool = True, orthogonal_q: str = "full",
                  jitter: float | None = None, num_quadrature: int = 20,
                  num_likelihood_samples: int = 32, seed: int = 0,
-                 options: dict[str, Any] | None = None):
+                 num_latents: int | None = None, options: dict[str, Any] | None = None):
         super().__init__(task=task, num_classes=num_classes, options=options)
         check_choice("objective", objective, OBJECTIVES)
         check_choice("orthogonal_q", orthogonal_q, ORTHOGONAL_Q)
@@ -188,7 +187,12 @@ class SolveGP(Method):
         self.objective, self.whiten, self.orthogonal_q = objective, whiten, orthogonal_q
         self.jitter, self.num_quadrature = jitter, num_quadrature
         self.num_likelihood_samples = num_likelihood_samples
-        num_latents, M, _ = inducing_points.shape
+        sets, M, _ = inducing_points.shape
+        num_latents = sets if num_latents is None else int(num_latents)
+        if sets not in (1, num_latents):
+            raise ValueError(f"{sets} inducing sets for {num_latents} latent GPs: give one set "
+                             "per latent GP or one shared by all")
+        self.num_latents = num_latents
         M2 = orthogonal_points.shape[1]
         self.inducing_points = nn.Parameter(inducing_points)
         self.orthogonal_points = nn.Parameter(orthogonal_points)
@@ -210,7 +214,7 @@ class SolveGP(Method):
         w = torch.cat([z, o], -2)  # (L, M + M2, d)
         # split, not slicing: the backward of a split is one concatenation, that of a slice a
         # zero-filled full-size gradient per block
-        K_u, K_v = upcast(kernel_matrix_fused(self.kernel, w, w)).split([M, M2], -2)
+        K_u, K_v = upcast(self.inducing_covariance(w)).split([M, M2], -2)
         K_uu, K_uv = K_u.split([M, M2], -1)
         K_vv = K_v.split([M, M2], -1)[1]
         chol_uu, inv_uu = cholesky_and_inverse(add_jitter(K_uu, jitter), name="SOLVE-GP K_uu")
@@ -234,14 +238,30 @@ class SolveGP(Method):
         """
         dt = x.dtype if dtype is None else dtype
         M = self.inducing_points.shape[-2]
-        xb = x.expand(self.inducing_points.shape[0], *x.shape)  # (L, b, d), no copy
         w = torch.cat([self.inducing_points, self.orthogonal_points], -2)  # (L, M + M2, d)
-        K_uf, K_vf = kernel_matrix_fused(self.kernel, w, xb).to(dt).split(
+        K_uf, K_vf = self.cross_covariance(w, x).to(dt).split(
             [M, self.orthogonal_points.shape[-2]], -2)
         B = factors.inv_uu.to(dt) @ K_uf  # (L, M, b)
         C_vf = torch.baddbmm(K_vf, factors.A.to(dt).mT, B, alpha=-1)  # K_vf − AᵀB
         D = factors.inv_vv.to(dt) @ C_vf  # (L, M2, b)
-        return Projections(B, D, kernel_diag(self.kernel, xb).to(dt))
+        return Projections(B, D, self.prior_variance(x).to(dt))
+
+    # -- the covariances: inducing points here, inter-domain features in subclasses ---------------
+    def inducing_covariance(self, w: Tensor) -> Tensor:
+        """Cov[g(w_i), g(w_j)] (L, m, m) of the inducing variables at ``w`` (L, m, ·): here
+        k(w, w) of the GP itself (inducing points). A subclass whose inducing variables live in
+        another domain (patches of a convolutional kernel) overrides the three covariances."""
+        return kernel_matrix_fused(self.kernel, w, w)
+
+    def cross_covariance(self, w: Tensor, x: Tensor) -> Tensor:
+        """Cov[g(w_i), f(x_j)] (L, m, b) between the inducing variables at ``w`` and f at the
+        inputs ``x`` (b, d): here k(w, x)."""
+        xb = x.expand(w.shape[0], *x.shape)  # (L, b, d), no copy
+        return kernel_matrix_fused(self.kernel, w, xb)
+
+    def prior_variance(self, x: Tensor) -> Tensor:
+        """Var[f(x_j)] (L, b) under the prior: here k(x, x)."""
+        return kernel_diag(self.kernel, x.expand(self.inducing_points.shape[0], *x.shape))
 
     def variational(self, factors: InducingFactors) -> WhitenedQ:
         """The module's q(u), q(v⊥) in whitened coordinates (float64).
@@ -269,6 +289,9 @@ class SolveGP(Method):
         way. With ``orthogonal_q='mean'`` the v-term is 0.
         """
         B, D = proj.B, proj.D
+        if B.shape[0] != self.num_latents:  # one inducing set shared by the latent GPs
+            B = B.expand(self.num_latents, *B.shape[1:])
+            D = D.expand(self.num_latents, *D.shape[1:])
         dt = B.dtype
         mean, var = mean_and_quadratic(q.mean_u.to(dt), excess(q.chol_u, dt), B)  # Bᵀa_u, ...
         var = var + proj.prior_var
@@ -287,7 +310,8 @@ class SolveGP(Method):
         """The validated batch, the inducing factors and q (the optimal q for ``collapsed``)."""
         check_x(x, num_dims=self.num_dims)
         check_xy(x, y, task=self.task, num_classes=self.num_classes)
-        y = y.long() if self._softmax else y.to(x.dtype)
+        labels = self.task == "classification" and self.num_latents > 1  # class indices
+        y = y.long() if labels else y.to(x.dtype)
         factors = self.factors()
         if self.objective == "elbo":
             return SolveGPState(x, y, factors, self.variational(factors))
@@ -334,7 +358,7 @@ class SolveGP(Method):
             q = self.variational(factors)
         else:
             factors, q = state.factors, state.q
-        eps = torch.randn((self.num_likelihood_samples, self.inducing_points.shape[0], 1),
+        eps = torch.randn((self.num_likelihood_samples, self.num_latents, 1),
                           generator=torch.Generator().manual_seed(self.seed),
                           dtype=x_test.dtype).to(x_test.device)  # the same for every point
 
@@ -358,8 +382,7 @@ class SolveGP(Method):
                 for p in chols:
                     p.copy_(batch_eye(p.shape[0], p.shape[1], p))
             else:
-                factors = self.factors()
-                # zip stops early when q_chol_v is absent (orthogonal_q='mean')
+                factors = self.factors()  # zip stops early without q_chol_v ('mean')
                 for p, L0 in zip(chols, (factors.chol_uu, factors.chol_vv), strict=False):
                     p.copy_(L0)
 
@@ -369,10 +392,6 @@ class SolveGP(Method):
         """σ² (scalar) of the Gaussian likelihood."""
         return self.likelihood.noise.reshape(())
 
-    @property
-    def _softmax(self) -> bool:
-        return isinstance(self.likelihood, Softmax)
-
     def _jitter(self) -> float:
         if self.jitter is not None:
             return float(self.jitter)
@@ -381,34 +400,15 @@ class SolveGP(Method):
     def _ell(self, mean: Tensor, var: Tensor, y: Tensor,
              generator: torch.Generator | None) -> Tensor:
         """E_{N(mean, var)}[log p(y | f)] per data point (b,); mean, var (L, b)."""
-        if self.task == "regression":  # closed form (notes §2.5)
-            noise = self.noise
-            return (-0.5 * torch.log(2 * math.pi * noise)
-                    - 0.5 * ((y - mean[0]).square() + var[0]) / noise)
-        if not self._softmax:
-            lik = self.likelihood
-            return gauss_hermite(
-                lambda f: lik.log_prob(f.reshape(1, -1), y.repeat_interleave(f.shape[-1]))
-                .reshape(f.shape), mean[0], var[0], self.num_quadrature)
-        f = self._draw(mean, var, generator)  # (S, C, b)
-        S, C, b = f.shape
-        logp = self.likelihood.log_prob(f.permute(1, 0, 2).reshape(C, S * b), y.repeat(S))
-        return logp.reshape(S, b).mean(0)
-
-    def _draw(self, mean: Tensor, var: Tensor, generator: torch.Generator | None) -> Tensor:
-        """``num_likelihood_samples`` draws of the marginals, (S, L, b); predict's on the CPU."""
-        eps = torch.randn((self.num_likelihood_samples, *mean.shape), generator=generator,
-                          device=getattr(generator, "device", mean.device), dtype=mean.dtype)
-        return mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps.to(mean.device)
+        return expected_log_lik(self.likelihood, mean, var, y,
+                                noise=self.noise if self.task == "regression" else None,
+                                num_quadrature=self.num_quadrature,
+                                num_samples=self.num_likelihood_samples, generator=generator)
 
     def _predictive(self, mean: Tensor, var: Tensor, eps: Tensor) -> Predictive:
-        if self.task == "regression":
-            return Predictive(mean[0], var[0], noise=self.noise)
-        if not self._softmax:
-            p1 = gauss_hermite(torch.sigmoid, mean[0], var[0], self.num_quadrature)
-            return Predictive(mean[0], var[0], probs=torch.stack([1 - p1, p1], -1))
-        probs = torch.softmax(mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps, 1).mean(0)
-        return Predictive(mean.mT, var.mT, probs=probs.mT)
+        return predictive(self.likelihood, mean, var,
+                          noise=self.noise if self.task == "regression" else None,
+                          num_quadrature=self.num_quadrature, eps=eps)
 
 
 def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int | None = None,

@@ -24,7 +24,8 @@ from gpscale.methods.options import INDUCING_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.validation import check_num_points
 
 __all__ = [
-    "InducingFactors", "OBJECTIVES", "ORTHOGONAL_Q", "Projections", "SOLVEGP_OPTIONS",
+    "JITTER_OPTION", "SAMPLES_OPTION", "InducingFactors", "OBJECTIVES", "ORTHOGONAL_Q",
+    "Projections", "SOLVEGP_OPTIONS",
     "SolveGPState", "VARIANCE_FLOOR", "WhitenedQ",
     "batch_eye", "check_choice", "check_sizes", "cholesky_and_inverse", "collapsed_bound",
     "excess", "gauss_hermite", "gram",
@@ -380,6 +381,11 @@ def check_sizes(init, *, num_inducing: int, num_orthogonal: int, num_quadrature:
 OBJECTIVES = ("elbo", "collapsed")
 ORTHOGONAL_Q = ("full", "mean")
 
+JITTER_OPTION = Option("jitter", "float", None, "jitter of the inducing Gram matrices; none: "
+                       "by dtype", minimum=0)
+SAMPLES_OPTION = Option("num_likelihood_samples", "int", 32, "Monte Carlo samples of the "
+                        "softmax likelihood", minimum=1)
+
 SOLVEGP_OPTIONS = (
     Option("num_inducing", "int", None, "standard inducing points M; none: min(256, n/4), "
            "in regression on a GPU min(512, n/4)", minimum=1),
@@ -391,12 +397,10 @@ SOLVEGP_OPTIONS = (
     Option("orthogonal_q", "str", "full", "covariance of the orthogonal q(v)",
            choices=ORTHOGONAL_Q),
     *INDUCING_OPTIONS[1:],
-    Option("jitter", "float", None, "jitter of the inducing Gram matrices; none: by dtype",
-           minimum=0),
+    JITTER_OPTION,
     Option("num_quadrature", "int", 20, "Gauss-Hermite points of non-Gaussian "
            "likelihoods", minimum=1),
-    Option("num_likelihood_samples", "int", 32, "Monte Carlo samples of the softmax "
-           "likelihood", minimum=1),
+    SAMPLES_OPTION,
     *PRIOR_OPTIONS,
     Option("optimal_q", "bool", True, "regression: after training, set q and the noise to "
            "the ELBO's optimum for the trained inducing points and kernel (one pass over the "
