@@ -27,7 +27,9 @@ pytestmark = [
 
 CASES = [(key, task) for key, spec in METHODS.items() for task in spec.tasks]
 # Small option overrides so each case runs in seconds (defaults otherwise).
-OPTIONS = {"ski": {"grid_size": 32}, "ggp": {"grid_size": 32}}
+OPTIONS = {"ski": {"grid_size": 32}, "ggp": {"grid_size": 32},
+           **{key: dict(spec.test_options) for key, spec in METHODS.items()
+              if spec.inputs == "images"}}  # 1 × 2 "images" of the two inputs
 # Methods whose predictions come from an iterative solve agree across devices to about its
 # stopping tolerance only (CGGP's eval CG stops at relative residual 0.01; CaGP-CG's actions are
 # CG directions, which rounding reorders after many iterations; IterNCGP's Newton steps stop at
