@@ -28,7 +28,8 @@ On up to :data:`UNTIMED_MAX_ROWS` rows training stops on convergence or at the m
 cap, never on the clock unless ``max_time`` is given: a fit that a time budget stops depends on the
 machine's speed and load, so only a fit without one is reproduced exactly by a fixed
 ``random_state``. On more rows the method's default budget applies, as on the command line, so
-that a large fit ends in bounded time (pass ``max_time`` to choose it).
+that a large fit ends in bounded time (pass ``max_time`` to choose it); so it does for an image
+method (``conv-solvegp``), whose epochs take minutes.
 
 NaN or inf in X or y is a ``ValueError`` naming the first rows; so is a NaN or inf prediction
 (``predict``, ``predict_proba``): no non-finite number is returned.
@@ -163,12 +164,12 @@ class _GPEstimator(BaseEstimator):
         config = resolve_fit_config(
             self.method_, x.shape[0], dtype=self.dtype, seed=seed, progress=bool(self.progress),
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
-        if self.max_time is None and x.shape[0] <= UNTIMED_MAX_ROWS:  # module docstring
-            config = replace(config, max_time=None)
+        images = get_spec(self.method_).inputs == "images"  # pixels stay as they are
+        if self.max_time is None and x.shape[0] <= UNTIMED_MAX_ROWS and not images:
+            config = replace(config, max_time=None)  # module docstring
         latents = num_classes if (num_classes or 0) > 2 else 1
         logging.getLogger("gpscale.fit").info(plan_text(self.method_, config, options,
                                                         x.shape[0], latents, self._task))
-        images = get_spec(self.method_).inputs == "images"  # pixels stay as they are
         self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression",
                                             standardize_x=not images)
                            if self.standardize else None)

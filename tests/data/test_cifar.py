@@ -56,3 +56,10 @@ def test_the_pickled_distribution_is_refused(tmp_path):
     (tmp_path / "cifar-10-batches-py").mkdir()
     with pytest.raises(FileNotFoundError, match="pickle"):
         load_dataset("cifar10", roots=tmp_path)
+
+
+def test_download_says_where_cifar_comes_from():
+    from gpscale.data.download import download
+
+    with pytest.raises(ValueError, match="your copy of the binary batches"):
+        download("cifar10")

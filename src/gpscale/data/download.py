@@ -204,7 +204,10 @@ def download(name: str, *, cache_dir: str | Path | None = None,
         OSError: no URL of a file could be read (the message lists each URL and its error).
     """
     if name not in REMOTE_FILES:
-        raise ValueError(f"no downloadable files for {name!r}; downloadable data sets: "
+        own = (" (CIFAR-10 is read from your copy of the binary batches: put its "
+               "cifar-10-batches-bin folder in a folder on GPSCALE_DATA)"
+               if name == "cifar10" else "")
+        raise ValueError(f"no downloadable files for {name!r}{own}; downloadable data sets: "
                          f"{', '.join(sorted(REMOTE_FILES))}")
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     for spec in REMOTE_FILES[name]:

@@ -5,22 +5,22 @@ arXiv:1910.10596 (notes/004_solvegp.md). The GP splits into the part that M stan
 points carry and an orthogonal residual GP with M2 inducing points of its own; the minibatch
 ELBO needs Cholesky factors of size M and M2, never M + M2. With no orthogonal points it is SVGP.
 
-============  ====================================================================================
-``model``     :class:`SolveGP`: conditioning, the ELBO (or the collapsed bound), the predictive,
-              the factory and the registration of ``solvegp``
-``parts``     what needs no module: the Alg. 1 quantities as dataclasses (:class:`SolveGPState`),
-              the whitened KL, Gauss–Hermite expectations, the collapsed bound with its optimal
-              q(v⊥) and q(u), k-means initialisation and the declared options
-``pipeline``  what the pipeline needs beside the options: training defaults per preset, the
-              inducing sets on a GPU, small test options
-``conv``      §4's convolutional models on images: :class:`ConvSolveGP` (``conv-solvegp``) and
-              :class:`ConvSVGP` (``conv-svgp``), SOLVE-GP / SVGP whose inducing variables are
-              patch values, with their factory and registration
+===============  =================================================================================
+``model``        :class:`SolveGP`: conditioning, the ELBO (or the collapsed bound), the predictive,
+                 the factory and the registration of ``solvegp``
+``parts``        what needs no module: the Alg. 1 quantities as dataclasses (:class:`SolveGPState`),
+                 the whitened KL, Gauss–Hermite expectations, the collapsed bound with its optimal
+                 q(v⊥) and q(u), k-means initialisation and the declared options
+``pipeline``     what the pipeline needs beside the options: training defaults per preset, the
+                 inducing sets on a GPU, small test options
+``conv``         §4's convolutional models on images: :class:`ConvSolveGP` (``conv-solvegp``) and
+                 :class:`ConvSVGP` (``conv-svgp``), SOLVE-GP / SVGP whose inducing variables are
+                 patch values, with their factory and registration
 ``conv_kernel``  the convolutional (TICK) kernel and the covariances of its inducing patches
-``images``    images as flattened rows: their shape, and how patches are cut from them
+``images``       images as flattened rows: their shape, and how patches are cut from them
 ``likelihoods``  the expected log-likelihoods and predictives of each likelihood, and the
-              robust-max likelihood
-============  ====================================================================================
+                 robust-max likelihood
+===============  =================================================================================
 
 Importing the package registers ``solvegp``, ``conv-solvegp`` and ``conv-svgp``.
 """

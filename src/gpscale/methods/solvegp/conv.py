@@ -220,9 +220,9 @@ def build_conv_model(cls: type[ConvSolveGP], num_dims: int, *, task: str = "clas
 
 
 build_conv_solvegp = partial(build_conv_model, ConvSolveGP)
-"""Factory of ``conv-solvegp``."""
+build_conv_solvegp.__doc__ = "Factory of ``conv-solvegp``: :func:`build_conv_model` of ConvSolveGP."
 build_conv_svgp = partial(build_conv_model, ConvSVGP, num_orthogonal=0)
-"""Factory of ``conv-svgp``: no orthogonal patches."""
+build_conv_svgp.__doc__ = "Factory of ``conv-svgp``: :func:`build_conv_model` of ConvSVGP."
 
 
 def _options(orthogonal_default: int | None, orthogonal_help: str) -> tuple[Option, ...]:
