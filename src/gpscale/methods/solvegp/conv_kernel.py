@@ -111,12 +111,8 @@ class ConvKernel(nn.Module):
         p1, p2 = g.patches(x1), g.patches(x2)
         b1, b2, P = p1.shape[0], p2.shape[0], g.num_patches
         K = kernel_matrix(self.patch_kernel, p1.reshape(b1 * P, -1), p2.reshape(b2 * P, -1))
-        K = K.reshape(b1, P, b2, P)
-        if self.location_kernel is not None:
-            locs = g.locations(x1)
-            K = K * kernel_matrix(self.location_kernel, locs, locs)[None, :, None, :]
-        w = self.weights.to(K.dtype)
-        return torch.einsum("apbq,p,q->ab", K, w, w)
+        W = self._pair_weights(p1)
+        return torch.einsum("apbq,pq->ab", K.reshape(b1, P, b2, P).to(W.dtype), W)
 
     # -- helpers ------------------------------------------------------------------------------
     def _split(self, w: Tensor) -> tuple[Tensor, Tensor | None]:
