@@ -14,6 +14,9 @@
 #                                       # M+M vs conv-SVGP M, 2M at the paper's stride 1; then,
 #                                       # where $GPSCALE_DATA has cifar-10-batches-bin, CIFAR-10
 #                                       # with Table 1's settings for 10 minutes (~15 min)
+#   bash scripts/gpu-check.sh deep      # two-layer deep conv GPs on MNIST at the paper's sizes
+#                                       # (Table 5, stride 1); then CIFAR-10 with Table 3's
+#                                       # two-layer SOLVE-GP for 10 minutes (~20 min)
 #   bash scripts/gpu-check.sh tune      # the sweep (n = 100,000), then `kernels` with its choice,
 #                                       # kept in /tmp/gpscale-triton.env for later steps (~6 min)
 #
@@ -23,7 +26,7 @@
 #   .venv/bin/python -m pip wheel --no-deps .whl/*.tar.gz -w .whl && rm .whl/*.tar.gz
 # and `carry: [".whl"]` in the run call. The machine's python3 has torch, triton, gpytorch.
 set -uo pipefail
-step=${1:?usage: gpu-check.sh kernels|sweep|tune|tests|paths|fits|table|conv}
+step=${1:?usage: gpu-check.sh kernels|sweep|tune|tests|paths|fits|table|conv|deep}
 out=${OUT:-runs/gpu-check}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -130,7 +133,29 @@ conv)
         echo "no cifar-10-batches-bin on GPSCALE_DATA: CIFAR-10 skipped" | tee -a "$out/conv.log"
     fi
     ;;
+deep)
+    # Table 5's two-layer model: 5 x 5 stride 1 with 10 channels, then 4 x 4 stride 2; hidden
+    # 384 (+384), output 1K (+1K); the double SVGP 768 / 2K. MNIST for 2 epochs each.
+    for run in "conv-solvegp 1000 1000 384 384" "conv-svgp 1000 0 384 0" "conv-svgp 2000 0 768 0"; do
+        set -- $run
+        python3 -m gpscale fit --dataset mnist --method "$1" -o layers=2 -o stride=1 \
+            -o num_inducing="$2" -o num_orthogonal="$3" -o hidden_inducing="$4" \
+            -o hidden_orthogonal="$5" --device cuda --epochs 2 \
+            --out "$out/deep-mnist-$1-$2-$4" --overwrite --no-progress 2>&1 | tail -n 25 \
+            | tee -a "$out/deep.log"
+    done
+    if python3 -c "from gpscale.data.datasets import load_dataset as l; l('cifar10', num_train=2, num_test=1)" 2>/dev/null; then
+        # Table 3 (notes/004 §3.3), two layers, SOLVE-GP; ten minutes instead of 300K iterations
+        python3 -m gpscale fit --dataset cifar10 --method conv-solvegp -o layers=2 \
+            -o stride=1 -o num_inducing=1000 -o num_orthogonal=1000 -o hidden_inducing=384 \
+            -o hidden_orthogonal=384 --lr 0.003 --device cuda --max-time 600 \
+            --out "$out/deep-cifar10" --overwrite --no-progress 2>&1 | tail -n 25 \
+            | tee -a "$out/deep.log"
+    else
+        echo "no cifar-10-batches-bin on GPSCALE_DATA: CIFAR-10 skipped" | tee -a "$out/deep.log"
+    fi
+    ;;
 *)
-    echo "unknown step $step (kernels, sweep, tune, tests, paths, fits, table or conv)"; exit 2
+    echo "unknown step $step (kernels, sweep, tune, tests, paths, fits, table, conv or deep)"; exit 2
     ;;
 esac

@@ -104,7 +104,9 @@ class RunSpec:
         if (self.dataset is None) == (self.csv is None):
             raise ValueError("give exactly one of a dataset name or a CSV file")
         if self.csv is not None and self.target is None:
-            raise ValueError("a CSV file needs --target COLUMN (a name or an index)")
+            if "labels" not in self.dataset_options:
+                raise ValueError("a CSV file needs --target COLUMN (a name or an index)")
+            object.__setattr__(self, "target", -1)  # the labels file's column
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be ≥ 0; got {self.eval_every}")
         if self.dataset is not None:  # an unknown name or option: ValueError listing the valid
@@ -141,6 +143,18 @@ def load_data(spec: RunSpec) -> Dataset:
         return load_csv(spec.csv, str(spec.target), task=spec.task, seed=spec.split,
                         standardize_x=not images, **spec.dataset_options)
     return load_dataset(spec.dataset, split=spec.split, seed=spec.seed, **spec.dataset_options)
+
+
+def with_item_shape(spec: RunSpec, data: Dataset) -> RunSpec:
+    """``spec`` with the shape of the items of an image array (``--data-option labels=``) as
+    the ``image_shape`` option of an image method that was given none."""
+    shape = data.info.get("item_shape") if data.info else None
+    if shape is None or spec.method == AUTO or "image_shape" in spec.options:
+        return spec
+    method = get_spec(spec.method)
+    if method.inputs != "images" or "image_shape" not in {o.name for o in method.options}:
+        return spec
+    return replace(spec, options={**spec.options, "image_shape": list(shape)})
 
 
 def resolve_auto(spec: RunSpec, data: Dataset) -> RunSpec:
@@ -301,7 +315,7 @@ def run(spec: RunSpec, processes: Any = None) -> RunResult:
     tic = time.perf_counter()
     chosen = resolve_auto(spec, data)
     choice_time = {"auto_time_s": time.perf_counter() - tic} if chosen != spec else {}
-    spec = chosen
+    spec = with_item_shape(chosen, data)
     config, dtype = fit_config(spec, data.num_train)
     latents = data.num_classes if (data.num_classes or 0) > 2 else 1
     if processes.is_main:

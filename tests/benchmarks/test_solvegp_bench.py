@@ -25,16 +25,22 @@ def test_plan_covers_the_paper_comparison():
     """Full plan: SOLVE-GP (M+M) and SVGP (M, 1.5M, 2M) on the five regression sets; MNIST
     with SOLVE-GP, SVGP (M) and SVGP (2M)."""
     plan = list(solvegp._plan(quick=False, datasets=None))
-    regression = [p for p in plan if p[0] not in ("mnist", "mnist-conv")]
+    regression = [p for p in plan if p[0] not in ("mnist", "mnist-conv", "mnist-deep")]
     assert {p[0] for p in regression} == set(solvegp.REGRESSION)
     assert {p[1] for p in regression} == {"SOLVE-GP 256+256", "SVGP 256", "SVGP 384", "SVGP 512"}
     assert {p[1] for p in plan if p[0] == "mnist"} == {"SOLVE-GP 128+128", "SVGP 128",
                                                       "SVGP 256"}
-    assert all(p[4]["max_time"] is not None for p in plan if p[0] != "mnist-conv")
+    assert all(p[4]["max_time"] is not None for p in plan if p[0] not in solvegp.CONV)
     conv = [p for p in plan if p[0] == "mnist-conv"]  # equal iterations, no time cap
     assert [p[1] for p in conv] == ["conv-SOLVE-GP 384+384", "conv-SVGP 384", "conv-SVGP 768"]
-    assert {p[4]["epochs"] for p in conv} == {solvegp.CONV_EPOCHS}
-    assert all(p[4]["max_time"] is None for p in conv)
+    deep = [p for p in plan if p[0] == "mnist-deep"]  # the same, two layers
+    assert [p[1] for p in deep] == ["2-layer conv-SOLVE-GP 384+384 (hidden 128+128)",
+                                    "2-layer conv-SVGP 384 (hidden 128)",
+                                    "2-layer conv-SVGP 768 (hidden 256)"]
+    assert [p[3]["hidden_inducing"] for p in deep] == [128, 128, 256]
+    assert all(p[3]["layers"] == 2 for p in deep)
+    assert {p[4]["epochs"] for p in conv + deep} == {solvegp.CONV_EPOCHS}
+    assert all(p[4]["max_time"] is None for p in conv + deep)
     with pytest.raises(ValueError, match="solvegp runs on"):
         list(solvegp._plan(quick=True, datasets=("nope",)))
 

@@ -46,4 +46,4 @@ def test_each_key_is_registered_by_its_family_package():
     modules = {METHODS[k].factory.__module__ for k in keys}
     assert modules == {"gpscale.methods.cagp.model", "gpscale.methods.iterncgp.model",
                        "gpscale.methods.iterncgp.sod_laplace", "gpscale.methods.ski.model",
-                       "gpscale.methods.softki.model", "gpscale.methods.solvegp.model"}
+                       "gpscale.methods.softki.model", "gpscale.methods.solvegp.dgp"}

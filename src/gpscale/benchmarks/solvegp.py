@@ -20,6 +20,9 @@ with ``CONV_M`` + ``CONV_M`` inducing patches against ``conv-svgp`` with ``CONV_
 2 ``CONV_M``, each with the keys' defaults (TICK, 5 × 5 patches at stride 2, robust-max, batch
 64, lr 0.01) for ``CONV_EPOCHS`` epochs and no time cap, so that the three take the same
 iterations; test accuracy and NLL, and the time per iteration against conv-SVGP (2M)'s.
+``--datasets mnist-deep``: the same three as two-layer deep convolutional GPs (``layers=2``:
+a hidden layer of ``DEEP_HIDDEN_M`` (+ ``DEEP_HIDDEN_M``) inducing patches, twice as many for
+the double SVGP, as Table 5 doubles every layer), also ``CONV_EPOCHS`` epochs each.
 
 ``quick=True``: Elevators with tiny M (16 + 16 against 16, 24, 32) and MNIST (8 + 8 against 8,
 16), one epoch each, and the convolutional rows with 4 + 4 patches on 256 images: a smoke test of
@@ -44,8 +47,9 @@ log = logging.getLogger("gpscale.benchmarks")
 
 REGRESSION = ("elevators", "bike", "kin40k", "protein", "keggundirected")
 CLASSIFICATION = ("mnist",)
-CONV = ("mnist-conv",)
-"""The convolutional rows: MNIST through ``conv-solvegp`` / ``conv-svgp``."""
+CONV = ("mnist-conv", "mnist-deep")
+"""The convolutional rows: MNIST through ``conv-solvegp`` / ``conv-svgp``, one layer or two."""
+DEEP_HIDDEN_M = 128
 CONV_M = 384
 CONV_EPOCHS = 3
 EPOCHS = 20
@@ -75,17 +79,26 @@ def _variants(m: int) -> tuple[tuple[str, str, dict[str, int]], ...]:
     )
 
 
-def _conv_plan(quick: bool):
+def _conv_plan(quick: bool, dataset: str):
     """The convolutional rows: (dataset, label, key, options, overrides)."""
     m = 4 if quick else CONV_M
     overrides = {"epochs": 1 if quick else CONV_EPOCHS, "max_time": None}
     if quick:
         overrides["dataset_options"] = {"num_train": 256, "num_test": 128}
-    for label, key, options in ((f"conv-SOLVE-GP {m}+{m}", "conv-solvegp",
-                                 {"num_inducing": m, "num_orthogonal": m}),
-                                (f"conv-SVGP {m}", "conv-svgp", {"num_inducing": m}),
-                                (f"conv-SVGP {2 * m}", "conv-svgp", {"num_inducing": 2 * m})):
-        yield "mnist-conv", label, key, options, overrides
+    variants = ((f"conv-SOLVE-GP {m}+{m}", "conv-solvegp",
+                 {"num_inducing": m, "num_orthogonal": m}),
+                (f"conv-SVGP {m}", "conv-svgp", {"num_inducing": m}),
+                (f"conv-SVGP {2 * m}", "conv-svgp", {"num_inducing": 2 * m}))
+    if dataset == "mnist-deep":
+        h = 4 if quick else DEEP_HIDDEN_M
+        hidden = ({"hidden_inducing": h, "hidden_orthogonal": h}, {"hidden_inducing": h},
+                  {"hidden_inducing": 2 * h})
+        variants = tuple((f"2-layer {label} (hidden {extra['hidden_inducing']}"
+                          + (f"+{h})" if "hidden_orthogonal" in extra else ")"),
+                          key, {**options, **extra, "layers": 2})
+                         for (label, key, options), extra in zip(variants, hidden, strict=True))
+    for label, key, options in variants:
+        yield dataset, label, key, options, overrides
 
 
 def _plan(quick: bool, datasets: tuple[str, ...] | None):
@@ -97,7 +110,7 @@ def _plan(quick: bool, datasets: tuple[str, ...] | None):
         raise ValueError(f"solvegp runs on {', '.join(known)}; got {sorted(unknown)}")
     for dataset in datasets:
         if dataset in CONV:
-            yield from _conv_plan(quick)
+            yield from _conv_plan(quick, dataset)
             continue
         mnist = dataset in CLASSIFICATION
         m = (8 if mnist else 16) if quick else (MNIST_M if mnist else M)
@@ -141,7 +154,7 @@ def _report(out_dir: Path, rows: list[dict[str, Any]]) -> None:
              "(paper's test LL = −test_nll). time_per_iter_s = training time / minibatch steps; "
              "iter_time_vs_svgp_2m divides it by SVGP(2M)'s on the same dataset. "
              f"mnist-conv: the convolutional keys' defaults (batch {CONV_BATCH_SIZE}), "
-             f"{CONV_EPOCHS} epochs each.")
+             f"{CONV_EPOCHS} epochs each; mnist-deep: the same as two-layer deep GPs.")
     write_results(out_dir, "solvegp", rows, columns=COLUMNS, notes=notes)
 
 

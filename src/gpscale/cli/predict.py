@@ -106,7 +106,7 @@ def read_features(path: str | Path, target: str | None = None, *,
 def _read_features(path: str | Path, target: str | None, **model: Any
                    ) -> tuple[np.ndarray, Callable[[list[int]], str]]:
     """:func:`read_features` and a function naming rows by their lines (or rows)."""
-    table = read_table(path)
+    table = read_table(path, items=True)  # an array of images: one flattened row each
     if table.names is None and _is_model_header(table.first_row(), model):
         table = read_table(path, header=0)
     if table.names is not None and model["feature_names"] is not None:

@@ -51,7 +51,7 @@ log = logging.getLogger("gpscale.data")
 
 
 def read_table(path: str | Path, *, delimiter: str | None = None,
-               header: str | int | None = "infer") -> Table:
+               header: str | int | None = "infer", items: bool = False) -> Table:
     """Read a data file into a :class:`Table` (names, width, numeric columns on demand).
 
     Args:
@@ -59,6 +59,8 @@ def read_table(path: str | Path, *, delimiter: str | None = None,
         delimiter: field separator of a text file; ``None`` sniffs it. Text files only.
         header: ``"infer"`` (the rules of :mod:`gpscale.data.head`), ``None`` or ``0``; a
             Parquet file's header is its column names, a ``.npy`` file has none.
+        items: a ``.npy`` array of more than two dimensions (images (N, H, W[, C])) is read as
+            N flattened rows.
 
     Raises:
         OSError: the file cannot be opened.
@@ -67,11 +69,12 @@ def read_table(path: str | Path, *, delimiter: str | None = None,
             rows, no data rows, rows of different widths, duplicate header names, or a delimiter
             that does not split it; a corrupt, empty or non-2-D Parquet or ``.npy`` file.
     """
-    return _read(Path(path), delimiter, header)
+    return _read(Path(path), delimiter, header, items=items)
 
 
 def _read(path: Path, delimiter: str | None, header: str | int | None,
-          target: str | int | None = None, labels: bool = False) -> Table:
+          target: str | int | None = None, labels: bool = False,
+          label_file: str | Path | None = None, items: bool = False) -> Table:
     # the column-wise readers import pyarrow (a second to import): only when a file is read
     from gpscale.data.csv_arrow import read_csv_columns
     from gpscale.data.readers import file_format, read_npy, read_parquet
@@ -79,6 +82,9 @@ def _read(path: Path, delimiter: str | None, header: str | int | None,
     check_header(header)
     kind = file_format(path)
     check_regular(path)  # a named pipe or a device is refused before it is opened
+    if label_file is not None and kind != "npy":
+        raise ValueError(f"{path}: a labels file goes with a .npy array of items (images), not "
+                         f"with a {kind} file; put the labels in a column of the file instead")
     if kind != "csv":
         if delimiter is not None:
             raise ValueError(f"{path}: a delimiter applies to text files only, not to {kind} "
@@ -88,7 +94,7 @@ def _read(path: Path, delimiter: str | None, header: str | int | None,
         if kind == "parquet" and header is None:
             raise ValueError(f"{path}: a Parquet file always names its columns; leave header "
                              "at 'infer'")
-        return read_parquet(path) if kind == "parquet" else read_npy(path)
+        return read_parquet(path) if kind == "parquet" else read_npy(path, label_file, items=items)
     table, why = read_csv_columns(path, delimiter=delimiter, header=header, target=target,
                                   labels=labels)
     if table is None:
@@ -118,7 +124,7 @@ def numeric_columns(path: str | Path, table: Table, columns: list[int]) -> np.nd
 def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
              test_fraction: float = 0.1, seed: int = 0, header: str | int | None = "infer",
              delimiter: str | None = None, dtype: torch.dtype = torch.float64,
-             standardize_x: bool = True) -> Dataset:
+             standardize_x: bool = True, labels: str | Path | None = None) -> Dataset:
     """Load a data file (CSV, Parquet or ``.npy``) with a random train/test split.
 
     Args:
@@ -137,6 +143,10 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
         standardize_x: ``False`` keeps the inputs as they are, every column (the pixels of
             images for a convolutional method); by default they are standardised and constant
             columns dropped.
+        labels: a ``.npy`` file of one target per item of the ``.npy`` array ``path``, which
+            may then hold items of any shape, e.g. images (N, H, W[, C]), read as flattened
+            rows; ``target`` must then be -1 (the labels, added as the last column), and
+            ``info["item_shape"]`` records (H, W[, C]).
 
     Returns:
         The :class:`Dataset`; ``info`` holds the source, target and input column names
@@ -154,8 +164,12 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
     if not isinstance(target, str | int) or isinstance(target, bool):
         raise ValueError(f"target must be a column name or an integer index; got {target!r}")
     path = Path(path)
-    table = _read(path, delimiter, header, target, labels=task == "classification")
+    table = _read(path, delimiter, header, target, labels=task == "classification",
+                  label_file=labels)
     names, width, num_rows = table.names, table.width, table.num_rows
+    if labels is not None and str(target) not in ("-1", str(width - 1)):
+        raise ValueError(f"{path}: with a labels file the target is the labels (-1); got target "
+                         f"{target!r}")
     if num_rows < 2:
         raise ValueError(f"{path} has {num_rows} data row; at least 2 are needed to split")
     if width < 2:
@@ -170,6 +184,7 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
     y, classes = table.targets(path, col, task)
     if classes is not None:  # a continuous target is not one class per distinct value
         check_class_labels(classes, num_rows, name=f"{path}: the target column {labels[col]!r}")
+    item_shape = getattr(table, "item_shape", None)
     del table  # the file's columns: x and y hold what is needed
     if task == "regression":
         _warn_if_labels(path, labels[col], y)
@@ -183,6 +198,8 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
                             "target_index": col, "num_columns": width}
     if classes is not None:
         info["classes"] = classes
+    if item_shape is not None:
+        info["item_shape"] = list(item_shape)
     x = torch.from_numpy(x)
     data = standardized_dataset(path.name.split(".")[0], x, y, train_idx, test_idx, task=task,
                                 num_classes=len(classes) if classes else None, dtype=dtype,

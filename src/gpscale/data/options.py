@@ -143,6 +143,8 @@ FILE_OPTIONS = {
     "header": "infer (default), none (the first row is data) or 0 (it is a header); text files",
     "delimiter": "the field separator, one character or 'tab' (default: sniffed); text files",
     "test_fraction": "the fraction of rows held out for testing, in (0, 1) (default 0.1)",
+    "labels": "a .npy file of one target per item of a .npy array of images (N, H, W[, C]); "
+              "the target is then these labels",
 }
 """The options of a data file of the user's own (``--data-option KEY=VALUE`` with ``--data``)."""
 
@@ -180,6 +182,10 @@ def _file_option(path: str, key: str, value: Any) -> Any:
         if not isinstance(text, str) or len(text) != 1 or text in "\r\n\"":
             raise bad("expected one character")
         return text
+    if key == "labels":
+        if not isinstance(value, str) or not value.lower().endswith(".npy"):
+            raise bad("expected the path of a .npy file")
+        return value
     number = _number(value, integer=False)
     if number is None or not 0 < number < 1:
         raise bad("expected a number between 0 and 1")

@@ -39,8 +39,8 @@ from gpscale.data.lines import (
 from gpscale.limits import check_fits
 from gpscale.regular_files import check_regular, open_regular
 
-__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "NPY_SUFFIXES", "NpyTable", "ParquetTable",
-           "file_format", "read_npy", "read_parquet"]
+__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "NPY_SUFFIXES", "LabelledNpyTable", "NpyTable",
+           "ParquetTable", "file_format", "read_npy", "read_parquet"]
 
 log = logging.getLogger("gpscale.data")
 
@@ -286,6 +286,32 @@ class NpyTable(_ArrayTable):
         return self.array[:, j].tolist()
 
 
+class LabelledNpyTable(NpyTable):
+    """An array of N images (N, H, W[, C]), or any (N, ...) array, memory-mapped and read as N
+    flattened rows (channel-last for images), with the N labels of a second ``.npy`` file as
+    one more, last, column.
+
+    Attributes:
+        item_shape: the shape of one item, (H, W[, C]) for images.
+    """
+
+    def __init__(self, path: Path, array: np.ndarray, labels: np.ndarray) -> None:
+        super().__init__(path, array.reshape(array.shape[0], -1))  # a view of the map
+        self._width += 1
+        self.labels = labels
+        self.item_shape = tuple(int(k) for k in array.shape[1:])
+
+    def _column(self, path: str | Path, j: int, what: str) -> np.ndarray:
+        if j == self.width - 1:
+            return np.asarray(self.labels, dtype=np.float64)
+        return super()._column(path, j, what)
+
+    def _python_column(self, j: int) -> list[Any]:
+        if j == self.width - 1:
+            return self.labels.tolist()
+        return super()._python_column(j)
+
+
 def _rows(rows: np.ndarray) -> str:
     shown = ", ".join(str(int(i)) for i in rows[:5])
     more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
@@ -360,8 +386,12 @@ def read_parquet(path: str | Path) -> ParquetTable:
     return ParquetTable(path, parquet)
 
 
-def read_npy(path: str | Path) -> NpyTable:
-    """A ``.npy`` file as a memory-mapped :class:`NpyTable` (no header).
+def read_npy(path: str | Path, labels: str | Path | None = None, *,
+             items: bool = False) -> NpyTable:
+    """A ``.npy`` file as a memory-mapped :class:`NpyTable` (no header); with ``labels`` (a
+    ``.npy`` file of one number per row) an array of any number of dimensions, e.g. images
+    (N, H, W[, C]), as a :class:`LabelledNpyTable` whose last column holds the labels; with
+    ``items`` (prediction) an array of any number of dimensions as flattened rows.
 
     The header is read and checked first (:func:`_npy_header`), so that nothing is mapped or
     allocated for a file that is not a ``.npy`` array of numbers of the size it declares.
@@ -369,14 +399,19 @@ def read_npy(path: str | Path) -> NpyTable:
     Raises:
         OSError: the file cannot be opened.
         ValueError: not a regular file (a folder, named pipe or device), empty, not a ``.npy``
-            file (text, an ``.npz`` archive, corrupt), truncated, Python objects, not 2-D, not
-            numbers, or no rows.
+            file (text, an ``.npz`` archive, corrupt), truncated, Python objects, not 2-D
+            (without ``labels``), not numbers, or no rows; labels not one per row.
     """
     path = Path(path)
     shape, dtype = _npy_header(path, _check_size(path))
-    if len(shape) != 2:
+    if labels is None and len(shape) != 2 and not (items and len(shape) > 2):
+        hint = (" (for an array of images, (N, H, W) or (N, H, W, C), give their labels as a "
+                "second .npy file: --data-option labels=FILE.npy)" if len(shape) > 2 else "")
         raise ValueError(f"{path}: a .npy file must hold a 2-D array (rows, columns); this one "
-                         f"has shape {shape}")
+                         f"has shape {shape}{hint}")
+    if labels is not None and len(shape) < 2:
+        raise ValueError(f"{path}: an array of items (N, ...) is needed beside labels; this "
+                         f"one has shape {shape}")
     if dtype.kind not in "biuf":
         raise ValueError(f"{path} holds {dtype} values; gpscale reads .npy arrays of "
                          "numbers (float, int or bool)")
@@ -388,7 +423,23 @@ def read_npy(path: str | Path) -> NpyTable:
         raise
     except (ValueError, OSError, EOFError) as err:
         raise ValueError(f"{path} is not a readable .npy file ({_first_line(err)})") from None
-    return NpyTable(path, array)
+    if labels is None:
+        return NpyTable(path, array.reshape(array.shape[0], -1))
+    values = _read_labels(Path(labels))
+    if values.shape[0] != shape[0]:
+        raise ValueError(f"{labels} holds {values.shape[0]:,} labels for the {shape[0]:,} items "
+                         f"of {path}; give one label per item")
+    return LabelledNpyTable(path, array, values)
+
+
+def _read_labels(path: Path) -> np.ndarray:
+    """A ``.npy`` array of numbers, one per row: shape (N,) or (N, 1)."""
+    shape, dtype = _npy_header(path, _check_size(path))
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1) \
+            or dtype.kind not in "biuf":
+        raise ValueError(f"{path}: labels must be a .npy array of numbers, one per row, shape "
+                         f"(N,) or (N, 1); this one has shape {shape} and dtype {dtype}")
+    return np.load(path, mmap_mode="r", allow_pickle=False).reshape(-1)
 
 
 _NPY_MAGIC = b"\x93NUMPY"

@@ -43,6 +43,7 @@ from gpscale.methods._common import (
 from gpscale.methods.options import GPYTORCH_NOISE_FLOOR, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.methods.solvegp.conv_kernel import ConvKernel
+from gpscale.methods.solvegp.deep import KMEANS_ROWS, DeepSolveGP, build_hidden_layer
 from gpscale.methods.solvegp.images import PatchGeometry, infer_image_shape
 from gpscale.methods.solvegp.likelihoods import LIKELIHOODS, RobustMax
 from gpscale.methods.solvegp.model import SolveGP
@@ -115,7 +116,10 @@ def build_conv_model(cls: type[ConvSolveGP], num_dims: int, *, task: str = "clas
                        kmeans_max_points: int = 10_000, num_data: int | None = None,
                        jitter: float | None = None, num_quadrature: int = 40,
                        num_likelihood_samples: int = 32, optimal_q: bool = True,
-                       likelihood: str = "robustmax", epsilon: float = 1e-3) -> ConvSolveGP:
+                       likelihood: str = "robustmax", epsilon: float = 1e-3, layers: int = 1,
+                       hidden_channels: int = 10, hidden_inducing: int | None = None,
+                       hidden_orthogonal: int | None = None,
+                       num_predict_samples: int = 10) -> ConvSolveGP | DeepSolveGP:
     """Build ``conv-solvegp`` / ``conv-svgp`` (their factories fix ``cls``; see
     :mod:`gpscale.methods.registry`).
 
@@ -139,6 +143,10 @@ def build_conv_model(cls: type[ConvSolveGP], num_dims: int, *, task: str = "clas
         likelihood: classification: ``robustmax`` (the paper's; one latent function per class,
             also for two) or ``softmax`` (Monte Carlo; binary labels: the logistic).
         epsilon: robust-max's probability of a label other than the largest latent's.
+        layers: 1, or 2 or 3 for a deep convolutional GP (:func:`build_deep_conv`; the patch
+            options then describe its first layer).
+        hidden_channels, hidden_inducing, hidden_orthogonal, num_predict_samples: the deep
+            model's (:func:`build_deep_conv`).
 
     Raises:
         ValueError: for an unsupported task, an image shape that does not fit d, patches that
@@ -146,6 +154,19 @@ def build_conv_model(cls: type[ConvSolveGP], num_dims: int, *, task: str = "clas
     """
     key = cls.key
     check_task_and_init(key, task, TASKS, num_dims, init, num_classes)
+    if layers != 1:
+        return build_deep_conv(
+            cls, num_dims, task=task, num_classes=num_classes, init=init, num_data=num_data,
+            layers=layers, hidden_channels=hidden_channels, hidden_inducing=hidden_inducing,
+            hidden_orthogonal=hidden_orthogonal, num_predict_samples=num_predict_samples,
+            image_shape=image_shape, patch_size=patch_size, stride=stride, padding=padding,
+            output=dict(num_inducing=num_inducing, num_orthogonal=num_orthogonal, tick=tick,
+                        kernel=kernel, lengthscale=lengthscale, outputscale=outputscale,
+                        location_lengthscale=location_lengthscale, noise=noise, whiten=whiten,
+                        seed=seed, kmeans_max_points=kmeans_max_points, jitter=jitter,
+                        num_quadrature=num_quadrature,
+                        num_likelihood_samples=num_likelihood_samples, optimal_q=optimal_q,
+                        likelihood=likelihood, epsilon=epsilon))
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; valid kernels: {', '.join(KERNELS)}")
     geometry = PatchGeometry(infer_image_shape(num_dims, image_shape), int(patch_size),
@@ -219,6 +240,78 @@ def build_conv_model(cls: type[ConvSolveGP], num_dims: int, *, task: str = "clas
     return model
 
 
+ARCHITECTURES = {2: ((4, 2),), 3: ((4, 2), (5, 1))}
+"""Table 5: (patch, stride) of each layer after the first, the last one the output layer; a
+patch larger than the feature map it meets is cut to the map."""
+
+
+def build_deep_conv(cls: type[ConvSolveGP], num_dims: int, *, task: str,
+                    num_classes: int | None, init: tuple[Tensor, Tensor] | None,
+                    num_data: int | None, layers: int, hidden_channels: int,
+                    hidden_inducing: int | None, hidden_orthogonal: int | None,
+                    num_predict_samples: int, image_shape: list[int] | None, patch_size: int,
+                    stride: int, padding: int, output: dict[str, Any]) -> DeepSolveGP:
+    """A deep convolutional GP (SOLVE-GP §4, Table 5; :mod:`~gpscale.methods.solvegp.deep`).
+
+    The first layer cuts ``patch_size`` patches at ``stride`` with ``padding`` from the images
+    and has ``hidden_channels`` output channels; the later layers follow
+    :data:`ARCHITECTURES` (Table 5: 4 × 4 at stride 2, then 5 × 5 at stride 1 for three layers,
+    with ``hidden_channels`` channels in every hidden layer); the output layer is ``cls``
+    (convolutional SOLVE-GP or SVGP, TICK as the one-layer model) with the ``output`` options.
+    Hidden layers have ``hidden_inducing`` (+ ``hidden_orthogonal``) inducing patches:
+    ``None``, min(128, n/4) and as many orthogonal ones (none for the SVGP).
+    """
+    if layers not in ARCHITECTURES:
+        raise ValueError(f"layers must be 1, 2 or 3 (the paper's architectures); got {layers}")
+    if hidden_channels < 1:
+        raise ValueError(f"hidden_channels must be at least 1; got {hidden_channels}")
+    num_classes = resolve_num_classes(task, num_classes, init)
+    if num_data is None and init is None:
+        raise ValueError(f"{cls.key} needs num_data (the training-set size) when init is None")
+    num_data = int(init[0].shape[0] if num_data is None else num_data)
+    n_init = None if init is None else init[0].shape[0]
+    m_hidden = default_size(hidden_inducing, n_init, 128, 4, "hidden_inducing")
+    orthogonal = output["num_orthogonal"] != 0 if output["num_orthogonal"] is not None else True
+    m2_hidden = (hidden_orthogonal if hidden_orthogonal is not None
+                 else m_hidden if orthogonal else 0)
+    h = y = None
+    if init is not None:
+        rows = torch.randperm(n_init, generator=torch.Generator().manual_seed(output["seed"]))
+        rows = rows[:KMEANS_ROWS].to(init[0].device)
+        h, y = init[0][rows], init[1][rows]
+    shape = infer_image_shape(num_dims, image_shape)
+    geometry = PatchGeometry(shape, int(patch_size), int(stride), int(padding))
+    hidden = []
+    for depth, (patch, step) in enumerate(ARCHITECTURES[layers]):
+        layer, h = build_hidden_layer(
+            h, in_dims=shape.size, geometry=geometry, channels=int(hidden_channels),
+            num_inducing=m_hidden, num_orthogonal=int(m2_hidden), num_data=num_data,
+            kernel=output["kernel"], whiten=output["whiten"], jitter=output["jitter"],
+            seed=output["seed"] + depth, kmeans_max_points=output["kmeans_max_points"])
+        hidden.append(layer)
+        shape = layer.out_shape()
+        patch = min(patch, shape.height, shape.width)
+        geometry = PatchGeometry(shape, patch, step)
+    out = build_conv_model(cls, shape.size, task=task, num_classes=num_classes,
+                           init=None if h is None else (h, y), num_data=num_data,
+                           image_shape=shape.as_list(), patch_size=geometry.patch,
+                           stride=geometry.stride, **output)
+    options = {**output, "num_inducing": out.options["num_inducing"],
+               "num_orthogonal": out.options["num_orthogonal"],
+               "image_shape": hidden[0].geometry.image.as_list(), "patch_size": int(patch_size),
+               "stride": int(stride), "padding": int(padding), "num_data": num_data,
+               "layers": int(layers), "hidden_channels": int(hidden_channels),
+               "hidden_inducing": int(m_hidden), "hidden_orthogonal": int(m2_hidden),
+               "num_predict_samples": int(num_predict_samples)}
+    model = DeepSolveGP(hidden, out, num_dims=num_dims,
+                        num_predict_samples=int(num_predict_samples), seed=output["seed"],
+                        options=options)
+    model = follow_init(model, init)
+    if init is not None:
+        model.reset_variational()
+    return model
+
+
 build_conv_solvegp = partial(build_conv_model, ConvSolveGP)
 build_conv_solvegp.__doc__ = "Factory of ``conv-solvegp``: :func:`build_conv_model` of ConvSolveGP."
 build_conv_svgp = partial(build_conv_model, ConvSVGP, num_orthogonal=0)
@@ -263,6 +356,17 @@ def _options(orthogonal_default: int | None, orthogonal_help: str) -> tuple[Opti
                "function per class) or softmax", choices=LIKELIHOODS),
         Option("epsilon", "float", 1e-3, "robust-max: probability of a label other than the "
                "largest latent's", minimum=0, exclusive=True),
+        Option("layers", "int", 1, "1: a convolutional GP; 2 or 3: a deep convolutional GP "
+               "(the paper's Table 5; the patch options describe its first layer)", minimum=1),
+        Option("hidden_channels", "int", 10, "deep: output channels of each hidden layer",
+               minimum=1),
+        Option("hidden_inducing", "int", None, "deep: inducing patches per hidden layer; none: "
+               "min(128, n/4) (the paper's 384 cost nine times as much per step)", minimum=1),
+        Option("hidden_orthogonal", "int", None, "deep: orthogonal inducing patches per hidden "
+               "layer; none: as hidden_inducing (0 without orthogonal output patches)",
+               minimum=0),
+        Option("num_predict_samples", "int", 10, "deep: samples propagated through the hidden "
+               "layers at prediction", minimum=1),
         Option("num_data", "int", None, "number of training points N", minimum=1, hidden=True),
     )
 

@@ -90,13 +90,11 @@ from gpscale.methods._common import (
     resolve_num_classes,
 )
 from gpscale.methods.base import Method, predict_in_chunks
-from gpscale.methods.registry import MethodSpec, register
 from gpscale.methods.solvegp.likelihoods import expected_log_lik, predictive
 from gpscale.methods.solvegp.optimal import finalize_regression
 from gpscale.methods.solvegp.parts import (
     OBJECTIVES,
     ORTHOGONAL_Q,
-    SOLVEGP_OPTIONS,
     InducingFactors,
     Projections,
     SolveGPState,
@@ -116,7 +114,6 @@ from gpscale.methods.solvegp.parts import (
     optimal_q_u,
     optimal_q_v,
 )
-from gpscale.methods.solvegp.pipeline import PIPELINE
 from gpscale.validation import check_x, check_xy
 
 __all__ = ["OBJECTIVES", "ORTHOGONAL_Q", "InducingFactors", "Projections", "SolveGP",
@@ -490,11 +487,3 @@ def build_solvegp(num_dims: int, *, task: str = "regression", num_classes: int |
         model.reset_variational()
     return model
 
-
-register(MethodSpec(
-    key="solvegp",
-    factory=build_solvegp,
-    tasks=TASKS,
-    summary="SOLVE-GP: M standard + M2 orthogonal inducing points, minibatch ELBO (or collapsed)",
-    options=SOLVEGP_OPTIONS, **PIPELINE["solvegp"],
-))
