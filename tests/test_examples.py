@@ -84,3 +84,16 @@ def test_two_processes(tmp_path):
     assert metrics["method"] == "svgp" and metrics["nproc"] == 2
     assert metrics["n_train"] + metrics["n_test"] == 600
     assert metrics["test_rmse"] < 0.9 and math.isfinite(metrics["test_nll"])
+
+
+@pytest.mark.slow
+def test_mauna_loa(tmp_path, data_root):
+    out = _run("mauna_loa", tmp_path, "--data", str(data_root / "co2" / "co2.csv"),
+               timeout=600)
+    last = out.strip().splitlines()[-1]
+    found = re.fullmatch(r"test_rmse=(\S+) lml=(\S+)", last)
+    assert found, last
+    rmse, lml = float(found.group(1)), float(found.group(2))
+    rbf = float(re.search(r"with rbf kernel: test RMSE (\S+) ppm", out).group(1))
+    assert rmse < 0.5 * rbf  # the seasonal cycle extrapolates; an RBF alone does not
+    assert math.isfinite(lml) and lml < 0

@@ -257,8 +257,9 @@ def test_kernel_hyperparameters_reads_gpytorch_modules(generator):
 
 
 def test_make_kernel_unknown_name():
-    """make_kernel lists the valid names."""
-    with pytest.raises(ValueError, match="valid kernels: rbf, matern12"):
+    """make_kernel lists the valid names (an unknown name is an expression that does not
+    parse)."""
+    with pytest.raises(ValueError, match="unknown kernel 'laplace'; valid: rbf, matern12"):
         make_kernel("laplace")
 
 

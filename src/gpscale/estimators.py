@@ -56,6 +56,7 @@ from gpscale.io import model_from_payload, model_payload, register_loader
 from gpscale.methods import auto
 from gpscale.methods.auto import AUTO
 from gpscale.methods.base import module_device
+from gpscale.methods.options import kernel_in_model_units
 from gpscale.methods.registry import METHODS, get_spec
 from gpscale.run import plan_text
 from gpscale.training import FitConfig, History, resolve_fit_config
@@ -173,6 +174,10 @@ class _GPEstimator(BaseEstimator):
         self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression",
                                             standardize_x=not images)
                            if self.standardize else None)
+        names = getattr(self, "feature_names_in_", None)
+        options = kernel_in_model_units(options, transform=self.transform_,
+                                        names=None if names is None else list(names),
+                                        num_dims=x.shape[1])
         train = cast(self._transform_xy(x, y), config, self._task)
         trained = train_method(self.method_, train, task=self._task, num_classes=num_classes,
                                options=options, config=config, seed=seed)

@@ -38,6 +38,7 @@ from gpscale.io import save
 from gpscale.methods import auto
 from gpscale.methods.auto import AUTO
 from gpscale.methods.base import Method, module_device
+from gpscale.methods.options import kernel_in_model_units
 from gpscale.methods.registry import get_spec
 from gpscale.metrics import json_safe
 from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
@@ -316,6 +317,10 @@ def run(spec: RunSpec, processes: Any = None) -> RunResult:
     chosen = resolve_auto(spec, data)
     choice_time = {"auto_time_s": time.perf_counter() - tic} if chosen != spec else {}
     spec = with_item_shape(chosen, data)
+    options = kernel_in_model_units(spec.options, transform=data.transform,
+                                    names=(data.info or {}).get("columns"),
+                                    num_dims=data.num_dims)
+    spec = spec if options == spec.options else replace(spec, options=options)
     config, dtype = fit_config(spec, data.num_train)
     latents = data.num_classes if (data.num_classes or 0) > 2 else 1
     if processes.is_main:

@@ -177,7 +177,9 @@ def _cli(capsys, *argv):
     ("num_inducing=32.5", "option num_inducing='32.5' is invalid: expected an integer"),
     ("num_inducing=abc", "option num_inducing='abc' is invalid: expected an integer"),
     ("ard=maybe", "option ard='maybe' is invalid: expected true or false"),
-    ("kernel=gauss", "option kernel='gauss' is invalid: valid: rbf"),
+    ("kernel=gauss", "option kernel='gauss' is invalid: kernel 'gauss', position 1: unknown "
+                     "kernel 'gauss'; valid: rbf"),
+    ("kernel=rbf(0)*periodc(1)", "position 8: unknown kernel 'periodc'"),
 ])
 def test_cli_bad_option_is_one_line_exit_2(capsys, option, fragment):
     rc, out, err = _cli(capsys, "fit", "--dataset", "elevators", "--method", "svgp", "-o", option)

@@ -37,7 +37,7 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor, nn
 
 from gpscale.errors import NumericalError
-from gpscale.kernels import make_kernel
+from gpscale.kernels import build_kernel, is_expression, make_kernel
 from gpscale.methods.auto import available_memory
 from gpscale.methods.options import PREFIT_OPTIONS
 from gpscale.validation import check_num_points, check_x, check_xy
@@ -96,7 +96,13 @@ def prior_options(init: tuple[Tensor, Tensor] | None, task: str, num_dims: int, 
 
     Returns:
         JSON-like dict of the resolved values, to be stored in ``model.options``.
+
+    Raises:
+        ValueError: ``lengthscale`` with a kernel expression (its leaves take start values).
     """
+    if is_expression(kernel) and lengthscale is not None:
+        raise ValueError("lengthscale sets the start of a named kernel; give a composed "
+                         "kernel's in its expression, e.g. 'rbf(0, lengthscale=2) + linear(1)'")
     var_y, mean_y = 1.0, 0.0
     if init is not None and task == "regression":
         y = init[1].double()
@@ -106,7 +112,8 @@ def prior_options(init: tuple[Tensor, Tensor] | None, task: str, num_dims: int, 
     return {
         "kernel": kernel,
         "ard": bool(ard),
-        "lengthscale": _lengthscale_value(lengthscale, num_dims, ard),
+        "lengthscale": (None if is_expression(kernel)
+                        else _lengthscale_value(lengthscale, num_dims, ard)),
         "outputscale": float(var_y if outputscale is None else outputscale),
         "noise": float(DEFAULT_NOISE_FRACTION * var_y if noise is None else noise),
         "mean_constant": float(mean_y if mean_constant is None else mean_constant),
@@ -147,6 +154,10 @@ def prior_modules(num_dims: int, opts: dict[str, Any], batch_shape: torch.Size |
     batch_shape = torch.Size() if batch_shape is None else batch_shape
     mean = gpytorch.means.ConstantMean(batch_shape=batch_shape)
     mean.initialize(constant=opts["mean_constant"])
+    if is_expression(opts["kernel"]):  # start values in the expression, the rest by default
+        kernel = build_kernel(opts["kernel"], num_dims, batch_shape=batch_shape,
+                              outputscale=opts["outputscale"])
+        return mean, kernel
     kernel = make_kernel(opts["kernel"], num_dims, ard=opts["ard"], batch_shape=batch_shape)
     # make_kernel returns ScaleKernel(base); initialise through GPyTorch's dotted names.
     kernel.initialize(**{"outputscale": opts["outputscale"],

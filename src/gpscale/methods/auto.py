@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpscale.kernels import is_expression
 from gpscale.limits import available_memory, device_memory
 from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS, OptionError
 from gpscale.methods.registry import get_spec
@@ -288,7 +289,15 @@ def check_options(task: str, options: Mapping[str, Any]) -> None:
             raise OptionError(f"unknown option {name!r} for method 'auto' (none of "
                               f"{', '.join(keys)} declares it){hint}; their options: "
                               f"{', '.join(names)}")
-        get_spec(declaring[0]).resolve({name: value}, fill_defaults=False)
+        errors = []
+        for key in declaring:  # the value must fit one of them (a kernel expression: not all)
+            try:
+                get_spec(key).resolve({name: value}, fill_defaults=False)
+                break
+            except OptionError as err:
+                errors.append(err)
+        else:
+            raise errors[0]
 
 
 def resolve_options(choice: Choice, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -299,6 +308,28 @@ def resolve_options(choice: Choice, options: Mapping[str, Any]) -> dict[str, Any
     except OptionError as err:
         raise OptionError(f"method 'auto' chose {choice.method!r} ({choice.reason}): {err}; "
                           "name a method to use these options") from None
+
+
+COMPOSED_FALLBACK = "svgp"
+"""What ``auto`` takes instead of a choice that cannot take the user's kernel expression."""
+
+
+def _taking_the_kernel(task: str, choice: Choice, options: Mapping[str, Any]) -> Choice:
+    """``choice``, or :data:`COMPOSED_FALLBACK` where the user gave a kernel expression that
+    the chosen method does not take (its ``kernel`` option takes names only)."""
+    kernel = options.get("kernel")
+    if not isinstance(kernel, str) or not is_expression(kernel.strip()):
+        return choice
+    declared = {o.name: o for o in get_spec(choice.method).options}
+    if "kernel" in declared and declared["kernel"].kind == "kernel":
+        return choice
+    if task not in get_spec(COMPOSED_FALLBACK).tasks:
+        raise OptionError(f"method 'auto' chose {choice.method!r} ({choice.reason}), which "
+                          "takes a kernel by name only; name a method that takes composed "
+                          "kernels (guide: kernels)")
+    return Choice(COMPOSED_FALLBACK, f"{choice.reason}; but {choice.method} takes a kernel by "
+                                     f"name only, and {COMPOSED_FALLBACK} takes the given "
+                                     "expression")
 
 
 def needs_probe(task: str, n: int, d: int, *, num_classes: int | None = None,
@@ -325,5 +356,6 @@ def pick(task: str, n: int, d: int, *, num_classes: int | None,
             warnings.warn(f"method auto: the probe of the data failed ({err}); choosing by "
                           "n and d alone", stacklevel=2)
     choice = choose_method(task, n, d, num_classes=num_classes, device=device, probe=measured)
+    choice = _taking_the_kernel(task, choice, options)
     log.info("method auto: %s", choice.reason)
     return choice, resolve_options(choice, options)

@@ -14,6 +14,8 @@ Kinds:
 ``float``   a real number (ints accepted)
 ``bool``    ``True``/``False``; from text ``true/false/yes/no/on/off/1/0`` (any case)
 ``str``     text, usually one of ``choices``
+``kernel``  a kernel name (:data:`~gpscale.kernels.KERNELS`) or a kernel expression
+            (:mod:`gpscale.kernels.algebra`), kept in its canonical text
 ``floats``  a number or a (nested) list of numbers (e.g. one lengthscale per input dimension)
 ``ints``    an integer or a list of integers (e.g. a grid size per dimension)
 ``bounds``  a box ``(lower, upper)``, each a list of numbers; text ``[[0, 0], [1, 1]]``
@@ -35,14 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from gpscale.kernels import BACKENDS, KERNELS
+from gpscale.kernels import BACKENDS, KERNELS, KernelSyntaxError, parse_kernel
+from gpscale.kernels.compose import standardised
 
 __all__ = ["Option", "OptionError", "resolve_options", "coerce", "describe_options",
+           "kernel_in_model_units",
            "GPYTORCH_NOISE_FLOOR", "PRIOR_OPTIONS", "PREFIT_OPTIONS", "AUTO_PREFIT_MIN_POINTS",
            "PREFIT_AUTO", "PREFIT_EXACT", "PREFIT_OFF",
            "INDUCING_OPTIONS", "KERNEL_PRODUCT_OPTIONS", "prior_options_with"]
 
-KINDS = ("int", "float", "bool", "str", "floats", "ints", "bounds")
+KINDS = ("int", "float", "bool", "str", "kernel", "floats", "ints", "bounds")
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
 _NONE = ("none", "null")
@@ -69,6 +73,7 @@ class Option:
         allow_none: ``none`` is valid although the default is not (it switches a bound off).
         minimum_why: where the minimum comes from, for the error (``"GPyTorch's noise
             floor"``).
+        choices_why: why only ``choices`` are valid, for the error.
     """
 
     name: str
@@ -81,6 +86,7 @@ class Option:
     hidden: bool = False
     allow_none: bool = False
     minimum_why: str = ""
+    choices_why: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -118,6 +124,8 @@ def coerce(option: Option, value: Any) -> Any:
         if not isinstance(value, str):
             raise _bad(option, value, "expected text")
         out = value
+    elif kind == "kernel":
+        out = _to_kernel(option, value)
     elif kind == "bounds":
         out = _to_bounds(option, value)
     else:  # floats / ints: a scalar or a list of scalars
@@ -127,6 +135,18 @@ def coerce(option: Option, value: Any) -> Any:
         out = _nested(option, value, scalar)
     _check_range(option, out)
     return out
+
+
+def _to_kernel(option: Option, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _bad(option, value, "expected a kernel name or expression (text)")
+    text = value.strip()
+    if text in KERNELS:
+        return text
+    try:
+        return parse_kernel(text).text
+    except KernelSyntaxError as err:
+        raise _bad(option, value, str(err)) from None
 
 
 def _to_bool(option: Option, value: Any) -> bool:
@@ -219,7 +239,8 @@ def _parse_list_text(option: Option, text: str) -> Any:
 
 def _check_range(option: Option, value: Any) -> None:
     if option.choices is not None and value not in option.choices:
-        raise _bad(option, value, f"valid: {', '.join(option.choices)}")
+        why = f"; {option.choices_why}" if option.choices_why else ""
+        raise _bad(option, value, f"valid: {', '.join(option.choices)}{why}")
     if option.minimum is None or option.kind == "bounds":
         return
     for v in _flat(value):
@@ -280,16 +301,48 @@ instead of failing inside GPyTorch; SoftKI keeps its own log-parameterised noise
 positive value."""
 
 
-def prior_options_with(*, kernel: str = "matern32", ard: bool = True,
-                       noise: bool = True) -> tuple[Option, ...]:
+def kernel_in_model_units(options: dict[str, Any], *, transform: Any,
+                          names: list[str] | None, num_dims: int) -> dict[str, Any]:
+    """``options`` with a kernel expression written for the data as read rewritten for the
+    model's inputs: columns by name or by position among the inputs as read become the model's
+    input indices (constant inputs the ``transform`` dropped are skipped), and start values
+    move into standardised units (:func:`gpscale.kernels.compose.standardised`).
+
+    Args:
+        options: a method's typed options; unchanged without a ``kernel`` expression.
+        transform: the :class:`~gpscale.data.transforms.Standardizer` of the data, or ``None``.
+        names: the inputs' names as read (a header), or ``None``.
+        num_dims: d, the inputs as read (without a transform: the model's).
+    """
+    text = options.get("kernel")
+    if not isinstance(text, str) or text in KERNELS:
+        return options
+    if transform is None:
+        spec = standardised(text, names=names, num_dims=num_dims, x_scale=None)
+    else:
+        spec = standardised(text, names=names, num_dims=transform.num_input_dims,
+                            x_scale=list(transform.x_std), y_var=transform.y_std ** 2,
+                            kept=list(transform.kept_columns))
+    return {**options, "kernel": spec.text}
+
+
+def prior_options_with(*, kernel: str = "matern32", ard: bool = True, noise: bool = True,
+                       composed: bool = True, names_only_why: str = "") -> tuple[Option, ...]:
     """The prior options every baseline-style method takes, with that method's defaults; the
     ``noise`` option (a GPyTorch Gaussian likelihood's) is at least
-    :data:`GPYTORCH_NOISE_FLOOR`."""
+    :data:`GPYTORCH_NOISE_FLOOR`. ``composed``: the method takes kernel expressions (it needs
+    only products with K), else only the names of :data:`~gpscale.kernels.KERNELS`, and an
+    expression is refused with ``names_only_why``."""
+    kernel_option = (
+        Option("kernel", "kernel", kernel, "covariance function: a name, or an expression "
+               "such as 'rbf(0,1) * periodic(2) + matern32(3:)' (guide: kernels)")
+        if composed else Option("kernel", "str", kernel, "covariance function", choices=KERNELS,
+                                choices_why=names_only_why))
     opts = (
-        Option("kernel", "str", kernel, "covariance function", choices=KERNELS),
+        kernel_option,
         Option("ard", "bool", ard, "one lengthscale per input dimension"),
-        Option("lengthscale", "floats", None, "initial lengthscale(s); none: √d",
-               minimum=0, exclusive=True),
+        Option("lengthscale", "floats", None, "initial lengthscale(s) of a named kernel; none: "
+               "√d", minimum=0, exclusive=True),
         Option("outputscale", "float", None, "initial kernel variance; none: var(y)",
                minimum=0, exclusive=True),
         Option("noise", "float", None, "initial noise variance σ²; none: 0.1 var(y)",

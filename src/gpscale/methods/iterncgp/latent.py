@@ -67,7 +67,8 @@ def resolve_ard(ard: bool | None, num_dims: int) -> bool:
 
 LAPLACE_PRIOR_OPTIONS = (
     Option("kernel", "str", "matern32", "covariance function of the latent GPs",
-           choices=KERNELS),
+           choices=KERNELS, choices_why="IterNCGP learns the lengthscales and outputscale of "
+           "one named kernel"),
     Option("ard", "bool", None, "one lengthscale per input dimension; none: one per input up to "
            f"{ARD_MAX_DIMS} inputs, else one for all"),
     Option("lengthscale", "floats", None, "fixed lengthscale(s); none: from the SVGP pre-fit",

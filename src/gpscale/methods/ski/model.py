@@ -473,7 +473,8 @@ def _grid_options() -> tuple[Option, ...]:
         Option("variance_rank", "int", 128, "rank of the Lanczos variance", minimum=1),
         Option("seed", "int", 0, "seeds the probe vectors"),
         Option("wtw_format", "str", "csr", "storage of WᵀW", choices=("csr", "stencil")),
-        *prior_options_with(kernel="rbf"),
+        *prior_options_with(kernel="rbf", composed=False, names_only_why=(
+            "SKI and GGP interpolate one stationary kernel on one grid of all inputs")),
         Option("grid_lower", "floats", None, "lower grid corner", hidden=True),
         Option("grid_upper", "floats", None, "upper grid corner", hidden=True),
     )

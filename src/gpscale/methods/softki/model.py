@@ -472,7 +472,9 @@ register(MethodSpec(
         Option("noise", "float", 1e-3, "noise variance β² (the paper: fixed 1e-3)", minimum=0,
                exclusive=True),
         Option("learn_noise", "bool", False, "learn β² too"),
-        *prior_options_with(kernel="rbf", ard=True, noise=False),
+        *prior_options_with(kernel="rbf", ard=True, noise=False, composed=False,
+                            names_only_why="SoftKI scales its softmax distances by the "
+                                           "kernel's own ARD lengthscales"),
         Option("chunk_size", "int", 4096, "rows per block of the interpolation products",
                minimum=1),
         Option("calibrate_noise", "bool", True, "after training, set β² (and with held-out "

@@ -2,7 +2,9 @@
 
 Only this module may know about ``ScaleKernel``, lazy evaluation or private kernel methods.
 
-``make_kernel`` builds the kernels the CLI and estimators name by string. ``kernel_matrix`` and
+``make_kernel`` builds the kernels the CLI and estimators name by string: one of
+:data:`KERNELS`, or an expression composing kernels on groups of inputs
+(:mod:`gpscale.kernels.algebra`, built by :mod:`gpscale.kernels.compose`). ``kernel_matrix`` and
 ``kernel_diag`` evaluate densely; ``kernel_matmul`` computes ``K(x1, x2) @ rhs`` matrix-free, in
 row chunks, holding at most ``chunk_size × n2`` kernel entries at a time in the forward and in the
 backward pass (blocks are recomputed there; see :mod:`gpscale.linalg.chunked`).
@@ -40,6 +42,8 @@ import gpytorch
 import torch
 from gpytorch.kernels import InducingPointKernel, Kernel, MaternKernel, RBFKernel, ScaleKernel
 
+from gpscale.kernels.algebra import KernelSyntaxError, parse_kernel
+from gpscale.kernels.compose import build_kernel
 from gpscale.linalg import fused, native, products, reach, triton
 from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk_size
 from gpscale.linalg.operators.block_sparse import BlockSparseActions, symmetric_kernel_product
@@ -48,6 +52,7 @@ from gpscale.linalg.stationary import stationary_matrix
 from gpscale.typing import Float, Tensor
 
 __all__ = ["AUTO_COMPILE_MIN_ENTRIES", "BACKENDS", "KERNELS", "KernelHyperparameters",
+           "KernelSyntaxError", "build_kernel", "is_expression", "parse_kernel",
            "dense_kernel_matrix", "inducing_factor", "kernel_block_sparse_matmul",
            "kernel_block_sparse_rect_matmul", "kernel_diag", "kernel_hyperparameters",
            "kernel_matmul", "kernel_matrix", "make_kernel", "select_backend"]
@@ -70,18 +75,29 @@ _NO_BATCH = torch.Size()
 _MATERN_PROFILES = {0.5: "matern12", 1.5: "matern32", 2.5: "matern52"}
 
 
+def is_expression(name: str) -> bool:
+    """Whether a ``kernel`` option is an expression rather than one of :data:`KERNELS`."""
+    return name not in _BASE_KERNELS
+
+
 def make_kernel(name: str = "matern32", num_dims: int = 1, *, ard: bool = True,
                 batch_shape: torch.Size = _NO_BATCH) -> Kernel:
-    """A scaled stationary kernel: ``ScaleKernel(base(ard_num_dims=num_dims if ard))``.
+    """A scaled stationary kernel ``ScaleKernel(base(ard_num_dims=num_dims if ard))``, or the
+    composition an expression describes (:func:`~gpscale.kernels.compose.build_kernel`; its
+    leaves have their own ARD lengthscales, ``ard`` does not apply).
 
     Args:
-        name: one of ``KERNELS``.
+        name: one of ``KERNELS``, or a kernel expression (:mod:`gpscale.kernels.algebra`).
         num_dims: input dimension d (one lengthscale per dimension when ``ard``).
         ard: automatic relevance determination (a lengthscale per input dimension).
         batch_shape: kernel batch shape, e.g. ``torch.Size([C])`` for C independent GPs.
+
+    Raises:
+        KernelSyntaxError: an expression that does not parse (a ``ValueError``).
+        ValueError: columns outside the inputs.
     """
-    if name not in _BASE_KERNELS:
-        raise ValueError(f"unknown kernel {name!r}; valid kernels: {', '.join(KERNELS)}")
+    if is_expression(name):
+        return build_kernel(parse_kernel(name), num_dims, batch_shape=batch_shape)
     base = _BASE_KERNELS[name](ard_num_dims=num_dims if ard else None, batch_shape=batch_shape)
     return gpytorch.kernels.ScaleKernel(base, batch_shape=batch_shape)
 
