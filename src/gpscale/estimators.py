@@ -56,7 +56,7 @@ from gpscale.io import model_from_payload, model_payload, register_loader
 from gpscale.methods import auto
 from gpscale.methods.auto import AUTO
 from gpscale.methods.base import module_device
-from gpscale.methods.options import kernel_in_model_units
+from gpscale.methods.options import composed_dtype, kernel_in_model_units
 from gpscale.methods.registry import METHODS, get_spec
 from gpscale.run import plan_text
 from gpscale.training import FitConfig, History, resolve_fit_config
@@ -163,7 +163,8 @@ class _GPEstimator(BaseEstimator):
         seed = _seed(self.random_state)
         self.method_, options = self._choose_method(x, y, num_classes, seed)
         config = resolve_fit_config(
-            self.method_, x.shape[0], dtype=self.dtype, seed=seed, progress=bool(self.progress),
+            self.method_, x.shape[0], dtype=composed_dtype(options, self.dtype), seed=seed,
+            progress=bool(self.progress),
             **{k: getattr(self, k) for k in _TRAINING_KEYS})
         images = get_spec(self.method_).inputs == "images"  # pixels stay as they are
         if self.max_time is None and x.shape[0] <= UNTIMED_MAX_ROWS and not images:

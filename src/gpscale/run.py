@@ -38,7 +38,7 @@ from gpscale.io import save
 from gpscale.methods import auto
 from gpscale.methods.auto import AUTO
 from gpscale.methods.base import Method, module_device
-from gpscale.methods.options import kernel_in_model_units
+from gpscale.methods.options import composed_dtype, kernel_in_model_units
 from gpscale.methods.registry import get_spec
 from gpscale.metrics import json_safe
 from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
@@ -175,7 +175,8 @@ def resolve_auto(spec: RunSpec, data: Dataset) -> RunSpec:
 def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
     """The method's default training options with the spec's overrides applied, and its dtype."""
     config = resolve_fit_config(
-        spec.method, num_train, preset=spec.preset, dtype=spec.dtype, epochs=spec.epochs,
+        spec.method, num_train, preset=spec.preset,
+        dtype=composed_dtype(spec.options, spec.dtype), epochs=spec.epochs,
         lr=spec.lr, batch_size=spec.batch_size, optimizer=spec.optimizer,
         max_time=spec.max_time, scheduler=spec.scheduler, seed=spec.seed,
         checkpoint=spec.checkpoint, progress=spec.progress, eval_every=spec.eval_every or None,

@@ -111,3 +111,16 @@ def test_auto_chooses_among_the_methods_that_take_the_kernel():
     assert classes.method == "svgp"
     with pytest.raises(OptionError, match="one named kernel"):  # iterncgp's alone
         auto.pick("counts", 500, 2, num_classes=None, options={"kernel": EXPRESSION})
+
+
+def test_an_expression_trains_in_float64_unless_told():
+    from gpscale.methods.options import composed_dtype
+    from gpscale.run import RunSpec, fit_config
+
+    assert composed_dtype({"kernel": EXPRESSION}, None) == "float64"
+    assert composed_dtype({"kernel": EXPRESSION}, "float32") == "float32"
+    assert composed_dtype({"kernel": "rbf"}, None) is None
+    spec = RunSpec(method="svgp", dataset="elevators", options={"kernel": EXPRESSION})
+    assert fit_config(spec, 1000)[1] == torch.float64
+    named = RunSpec(method="svgp", dataset="elevators")
+    assert fit_config(named, 1000)[1] == torch.float32

@@ -41,7 +41,7 @@ from gpscale.kernels import BACKENDS, KERNELS, KernelSyntaxError, parse_kernel
 from gpscale.kernels.compose import standardised
 
 __all__ = ["Option", "OptionError", "resolve_options", "coerce", "describe_options",
-           "kernel_in_model_units",
+           "kernel_in_model_units", "composed_dtype",
            "GPYTORCH_NOISE_FLOOR", "PRIOR_OPTIONS", "PREFIT_OPTIONS", "AUTO_PREFIT_MIN_POINTS",
            "PREFIT_AUTO", "PREFIT_EXACT", "PREFIT_OFF",
            "INDUCING_OPTIONS", "KERNEL_PRODUCT_OPTIONS", "prior_options_with"]
@@ -324,6 +324,16 @@ def kernel_in_model_units(options: dict[str, Any], *, transform: Any,
                             x_scale=list(transform.x_std), y_var=transform.y_std ** 2,
                             kept=list(transform.kept_columns))
     return {**options, "kernel": spec.text}
+
+
+def composed_dtype(options: Mapping[str, Any], dtype: str | None) -> str | None:
+    """The training dtype: ``dtype`` when given, float64 for a kernel expression (its terms'
+    scales differ by orders of magnitude: a smooth trend's K_zz in float32 is singular to
+    working precision), else ``None`` (the method's default)."""
+    kernel = options.get("kernel")
+    if dtype is None and isinstance(kernel, str) and kernel not in KERNELS:
+        return "float64"
+    return dtype
 
 
 def prior_options_with(*, kernel: str = "matern32", ard: bool = True, noise: bool = True,
