@@ -41,7 +41,7 @@ import torch
 
 from gpscale.data.datasets import TASKS, Dataset, standardized_dataset
 from gpscale.data.lines import _NAMES, Table, check_header, read_lines, target_index
-from gpscale.data.splits import random_split
+from gpscale.data.splits import SPLITS, ordered_split, random_split
 from gpscale.regular_files import check_regular
 from gpscale.validation import check_class_labels
 
@@ -124,7 +124,8 @@ def numeric_columns(path: str | Path, table: Table, columns: list[int]) -> np.nd
 def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
              test_fraction: float = 0.1, seed: int = 0, header: str | int | None = "infer",
              delimiter: str | None = None, dtype: torch.dtype = torch.float64,
-             standardize_x: bool = True, labels: str | Path | None = None) -> Dataset:
+             standardize_x: bool = True, labels: str | Path | None = None,
+             split: str = "random") -> Dataset:
     """Load a data file (CSV, Parquet or ``.npy``) with a random train/test split.
 
     Args:
@@ -147,6 +148,8 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
             may then hold items of any shape, e.g. images (N, H, W[, C]), read as flattened
             rows; ``target`` must then be -1 (the labels, added as the last column), and
             ``info["item_shape"]`` records (H, W[, C]).
+        split: ``"random"`` (seeded by ``seed``) or ``"last"``: the last ``test_fraction`` of
+            the rows, in file order, are the test set (a forecast).
 
     Returns:
         The :class:`Dataset`; ``info`` holds the source, target and input column names
@@ -188,7 +191,10 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
     del table  # the file's columns: x and y hold what is needed
     if task == "regression":
         _warn_if_labels(path, labels[col], y)
-    train_idx, test_idx = random_split(num_rows, test_fraction, seed)
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+    train_idx, test_idx = (ordered_split(num_rows, test_fraction) if split == "last"
+                           else random_split(num_rows, test_fraction, seed))
     if train_idx.numel() < 2:
         raise ValueError(f"{path} has {num_rows} data rows: too few for at least 2 "
                          f"training rows and 1 test row (test_fraction {test_fraction:g})")

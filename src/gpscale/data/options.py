@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpscale.data.splits import SPLITS
+
 __all__ = ["DataOption", "FILE_OPTIONS", "check_data_options", "check_file_options", "sizes"]
 
 KINDS = ("int", "float", "box", "interval")
@@ -143,6 +145,8 @@ FILE_OPTIONS = {
     "header": "infer (default), none (the first row is data) or 0 (it is a header); text files",
     "delimiter": "the field separator, one character or 'tab' (default: sniffed); text files",
     "test_fraction": "the fraction of rows held out for testing, in (0, 1) (default 0.1)",
+    "split": "random (default, seeded by --split) or last: the last test_fraction of the rows, "
+             "in file order, are the test set (forecasting)",
     "labels": "a .npy file of one target per item of a .npy array of images (N, H, W[, C]); "
               "the target is then these labels",
 }
@@ -182,6 +186,10 @@ def _file_option(path: str, key: str, value: Any) -> Any:
         if not isinstance(text, str) or len(text) != 1 or text in "\r\n\"":
             raise bad("expected one character")
         return text
+    if key == "split":
+        if value not in SPLITS:
+            raise bad(f"expected {' or '.join(SPLITS)}")
+        return value
     if key == "labels":
         if not isinstance(value, str) or not value.lower().endswith(".npy"):
             raise bad("expected the path of a .npy file")

@@ -14,7 +14,11 @@ import torch
 
 from gpscale.typing import Int, Tensor
 
-__all__ = ["read_mask", "uci_split", "random_split"]
+__all__ = ["read_mask", "uci_split", "random_split", "ordered_split", "SPLITS"]
+
+SPLITS = ("random", "last")
+"""How a data file of the user's own is split: seeded at random, or its last rows as the test
+set (forecasting: the model never sees the future)."""
 
 
 def read_mask(path: str | Path) -> np.ndarray:
@@ -84,3 +88,16 @@ def random_split(n: int, test_fraction: float = 0.1,
     generator = torch.Generator().manual_seed(seed)
     perm = torch.randperm(n, generator=generator)
     return perm[num_test:].sort().values, perm[:num_test].sort().values
+
+
+def ordered_split(n: int, test_fraction: float = 0.1
+                  ) -> tuple[Int[Tensor, " n_train"], Int[Tensor, " n_test"]]:
+    """The first rows of ``range(n)`` to train and the last ``round(test_fraction · n)``
+    (clipped to 1..n−1) to test, as :func:`random_split` sizes them: a forecast's split."""
+    if n < 2:
+        raise ValueError(f"need at least 2 points to split; got n={n}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction}")
+    num_test = min(max(round(test_fraction * n), 1), n - 1)
+    rows = torch.arange(n)
+    return rows[:n - num_test], rows[n - num_test:]
