@@ -35,3 +35,16 @@ def test_the_data_option_is_checked():
     assert check_file_options("d.csv", {"split": "last"}) == {"split": "last"}
     with pytest.raises(ValueError, match="expected random or last"):
         check_file_options("d.csv", {"split": "end"})
+
+
+def test_a_dates_column_reads_as_decimal_years(tmp_path):
+    (tmp_path / "d.csv").write_text("date,y\n19580101,1\n19580702,2\n19590101,3\n20000301,4\n")
+    data = load_csv(tmp_path / "d.csv", "y", test_fraction=0.25, split="last", dates="date",
+                    standardize_x=False)
+    years = torch.cat([data.x_train[:, 0], data.x_test[:, 0]]).tolist()
+    assert years == pytest.approx([1958.0, 1958.5, 1959.0, 2000 + 60 / 366])
+    (tmp_path / "bad.csv").write_text("date,y\n19580101,1\n19581301,2\n19590101,3\n")
+    with pytest.raises(ValueError, match=r"row 1 \(0-based\) holds 19581301, not a valid date"):
+        load_csv(tmp_path / "bad.csv", "y", dates="date")
+    with pytest.raises(ValueError, match="is the target"):
+        load_csv(tmp_path / "bad.csv", "y", dates="y")

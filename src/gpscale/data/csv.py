@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from gpscale.data.datasets import TASKS, Dataset, standardized_dataset
+from gpscale.data.dates import decimal_years
 from gpscale.data.lines import _NAMES, Table, check_header, read_lines, target_index
 from gpscale.data.splits import SPLITS, ordered_split, random_split
 from gpscale.regular_files import check_regular
@@ -125,7 +126,7 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
              test_fraction: float = 0.1, seed: int = 0, header: str | int | None = "infer",
              delimiter: str | None = None, dtype: torch.dtype = torch.float64,
              standardize_x: bool = True, labels: str | Path | None = None,
-             split: str = "random") -> Dataset:
+             split: str = "random", dates: str | int | None = None) -> Dataset:
     """Load a data file (CSV, Parquet or ``.npy``) with a random train/test split.
 
     Args:
@@ -150,6 +151,8 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
             ``info["item_shape"]`` records (H, W[, C]).
         split: ``"random"`` (seeded by ``seed``) or ``"last"``: the last ``test_fraction`` of
             the rows, in file order, are the test set (a forecast).
+        dates: an input column (name or index) of dates written ``YYYYMMDD``, read as
+            decimal years (:func:`gpscale.data.dates.decimal_years`).
 
     Returns:
         The :class:`Dataset`; ``info`` holds the source, target and input column names
@@ -184,6 +187,12 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
     inputs = [j for j in range(width) if j != col]
     labels = names or [str(j) for j in range(width)]
     x = table.numeric(path, inputs)
+    if dates is not None:
+        date_col = target_index(dates, names, width, "")
+        if date_col == col:
+            raise ValueError(f"{path}: the dates column {labels[date_col]!r} is the target")
+        k = inputs.index(date_col)
+        x[:, k] = decimal_years(x[:, k], where=f"{path}: the dates column {labels[date_col]!r}")
     y, classes = table.targets(path, col, task)
     if classes is not None:  # a continuous target is not one class per distinct value
         check_class_labels(classes, num_rows, name=f"{path}: the target column {labels[col]!r}")

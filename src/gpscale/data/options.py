@@ -147,6 +147,7 @@ FILE_OPTIONS = {
     "test_fraction": "the fraction of rows held out for testing, in (0, 1) (default 0.1)",
     "split": "random (default, seeded by --split) or last: the last test_fraction of the rows, "
              "in file order, are the test set (forecasting)",
+    "dates": "an input column (name or index) of dates written YYYYMMDD, read as decimal years",
     "labels": "a .npy file of one target per item of a .npy array of images (N, H, W[, C]); "
               "the target is then these labels",
 }
@@ -189,6 +190,10 @@ def _file_option(path: str, key: str, value: Any) -> Any:
     if key == "split":
         if value not in SPLITS:
             raise bad(f"expected {' or '.join(SPLITS)}")
+        return value
+    if key == "dates":
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise bad("expected a column name or index")
         return value
     if key == "labels":
         if not isinstance(value, str) or not value.lower().endswith(".npy"):
