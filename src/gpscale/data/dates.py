@@ -1,9 +1,10 @@
 """Date columns read as time: ``YYYYMMDD`` numbers as decimal years (``--data-option dates=``).
 
 A kernel on time (a trend, a yearly period) wants one number per row on a uniform scale; a
-date written as ``19580329`` is a number, but not such a scale (1958-12-31 and 1959-01-01 lie
-8,870 apart). :func:`decimal_years` maps each to its year plus the fraction of that year
-elapsed at the day's start (1958-07-02 → 1958.5).
+date written ``YYYYMMDD`` is a number, but not such a scale: the last day of a year and the
+first of the next lie 8,870 apart, two consecutive days in a month 1 apart.
+:func:`decimal_years` maps each date to its year plus the fraction of that year elapsed at the
+day's start (the second of July of a common year is the year plus one half).
 """
 
 from __future__ import annotations

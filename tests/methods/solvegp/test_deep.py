@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpscale.distributions import Predictive
 from gpscale.methods.solvegp import build_solvegp
 from gpscale.methods.solvegp.conv import build_conv_solvegp, build_conv_svgp
-from gpscale.methods.solvegp.deep import DeepSolveGP, build_hidden_layer
+from gpscale.methods.solvegp.deep import DeepSolveGP, build_hidden_layer, mixture
 from gpscale.methods.solvegp.images import ImageShape, PatchGeometry
 
 
@@ -97,8 +98,14 @@ def test_prediction_is_the_mixture_of_the_samples():
         pred = model.predict(None, x[:5])
         again = model.predict(None, x[:5])
     torch.testing.assert_close(pred.mean, again.mean, rtol=0, atol=0)  # seeded samples
-    # a hidden layer with spread: the mixture's variance exceeds the mean of its parts
-    assert bool((pred.variance > 0).all())
+    # the mixture's moments: law of total variance, probabilities averaged
+    stacked = Predictive(mean=torch.tensor([1.0, 2.0, 3.0, 3.0, 2.0, 1.0]),
+                         variance=torch.tensor([1.0, 1.0, 1.0, 2.0, 2.0, 2.0]),
+                         probs=torch.tensor([[0.2, 0.8]] * 3 + [[0.6, 0.4]] * 3))
+    mixed = mixture(stacked, 2, 3)
+    torch.testing.assert_close(mixed.mean, torch.tensor([2.0, 2.0, 2.0]))
+    torch.testing.assert_close(mixed.variance, torch.tensor([2.5, 1.5, 2.5]))
+    torch.testing.assert_close(mixed.probs, torch.tensor([[0.4, 0.6]] * 3))
 
 
 def test_hidden_layer_layout_is_a_convolution():

@@ -43,7 +43,7 @@ from gpscale.methods._common import (
 from gpscale.methods.options import GPYTORCH_NOISE_FLOOR, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.methods.solvegp.conv_kernel import ConvKernel
-from gpscale.methods.solvegp.deep import KMEANS_ROWS, DeepSolveGP, build_hidden_layer
+from gpscale.methods.solvegp.deep import DeepSolveGP, build_hidden_layer, start_rows
 from gpscale.methods.solvegp.images import PatchGeometry, infer_image_shape
 from gpscale.methods.solvegp.likelihoods import LIKELIHOODS, RobustMax
 from gpscale.methods.solvegp.model import SolveGP
@@ -266,19 +266,12 @@ def build_deep_conv(cls: type[ConvSolveGP], num_dims: int, *, task: str,
     if hidden_channels < 1:
         raise ValueError(f"hidden_channels must be at least 1; got {hidden_channels}")
     num_classes = resolve_num_classes(task, num_classes, init)
-    if num_data is None and init is None:
-        raise ValueError(f"{cls.key} needs num_data (the training-set size) when init is None")
-    num_data = int(init[0].shape[0] if num_data is None else num_data)
+    num_data, h, y = start_rows(cls.key, init, num_data, output["seed"])
     n_init = None if init is None else init[0].shape[0]
     m_hidden = default_size(hidden_inducing, n_init, 128, 4, "hidden_inducing")
-    orthogonal = output["num_orthogonal"] != 0 if output["num_orthogonal"] is not None else True
+    orthogonal = output["num_orthogonal"] != 0  # None: as num_inducing
     m2_hidden = (hidden_orthogonal if hidden_orthogonal is not None
                  else m_hidden if orthogonal else 0)
-    h = y = None
-    if init is not None:
-        rows = torch.randperm(n_init, generator=torch.Generator().manual_seed(output["seed"]))
-        rows = rows[:KMEANS_ROWS].to(init[0].device)
-        h, y = init[0][rows], init[1][rows]
     shape = infer_image_shape(num_dims, image_shape)
     geometry = PatchGeometry(shape, int(patch_size), int(stride), int(padding))
     hidden = []

@@ -50,7 +50,7 @@ from gpscale.methods.solvegp.model import SolveGP
 from gpscale.methods.solvegp.parts import InducingFactors, WhitenedQ, kl_whitened
 from gpscale.validation import check_x, check_xy
 
-__all__ = ["DeepSolveGP", "DeepState", "HiddenLayer", "build_hidden_layer",
+__all__ = ["DeepSolveGP", "DeepState", "HiddenLayer", "build_hidden_layer", "start_rows",
            "INITIAL_HIDDEN_VARIANCE", "KMEANS_ROWS"]
 
 INITIAL_HIDDEN_VARIANCE = 1e-5
@@ -254,6 +254,24 @@ def mixture(pred: Predictive, samples: int, rows: int) -> Predictive:
     if noise is not None and noise.dim() > 0:
         noise = split(noise).mean(0)
     return Predictive(mean, variance.clamp_min(0.0), noise=noise, probs=probs)
+
+
+def start_rows(key: str, init: tuple[Tensor, Tensor] | None, num_data: int | None,
+               seed: int) -> tuple[int, Tensor | None, Tensor | None]:
+    """N, and up to :data:`KMEANS_ROWS` seeded rows ``(x, y)`` of ``init`` that the layers'
+    inducing inputs start from (``None, None`` without ``init``).
+
+    Raises:
+        ValueError: neither ``init`` nor ``num_data``.
+    """
+    if init is None:
+        if num_data is None:
+            raise ValueError(f"{key} needs num_data (the training-set size) when init is None")
+        return int(num_data), None, None
+    x, y = init
+    rows = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
+    rows = rows[:KMEANS_ROWS].to(x.device)
+    return int(x.shape[0] if num_data is None else num_data), x[rows], y[rows]
 
 
 def build_hidden_layer(h: Tensor | None, *, in_dims: int, geometry: PatchGeometry | None,

@@ -7,20 +7,21 @@ outputs each (the width of every GP's input after the first; ``None``: min(30, d
 Deisenroth's choice), each a SOLVE-GP with an ARD kernel on its whole input and a fixed linear
 mean (identity where widths agree, else the inputs' leading principal directions), then the
 output layer: the one-layer model with the key's options. Hidden layers have the output
-layer's inducing sizes unless ``hidden_inducing`` / ``hidden_orthogonal`` say otherwise.
+layer's inducing sizes unless ``hidden_inducing`` / ``hidden_orthogonal`` say otherwise. The
+optimal q and noise after training (``optimal_q``) need a Gaussian layer on the data, so a deep
+model keeps what the optimiser reached.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from gpscale.methods._common import default_size
 from gpscale.methods.options import Option
 from gpscale.methods.registry import MethodSpec, register
-from gpscale.methods.solvegp.deep import KMEANS_ROWS, DeepSolveGP, build_hidden_layer
+from gpscale.methods.solvegp.deep import DeepSolveGP, build_hidden_layer, start_rows
 from gpscale.methods.solvegp.model import TASKS, SolveGP, build_solvegp
 from gpscale.methods.solvegp.parts import SOLVEGP_OPTIONS
 from gpscale.methods.solvegp.pipeline import PIPELINE
@@ -63,18 +64,11 @@ def build_solvegp_key(num_dims: int, *, layers: int = 1, hidden_width: int | Non
     init: tuple[Tensor, Tensor] | None = options.pop("init", None)
     seed = int(options.get("seed", 0))
     n_init = None if init is None else init[0].shape[0]
-    num_data = options.pop("num_data", None)
-    if num_data is None and init is None:
-        raise ValueError("solvegp needs num_data (the training-set size) when init is None")
-    num_data = int(init[0].shape[0] if num_data is None else num_data)
+    num_data, h, y = start_rows("solvegp", init, options.pop("num_data", None), seed)
     m = default_size(options.get("num_inducing"), n_init, 256, 4, "num_inducing")
     m2 = default_size(options.get("num_orthogonal"), n_init, 256, 4, "num_orthogonal")
     m_hidden = m if hidden_inducing is None else int(hidden_inducing)
     m2_hidden = m2 if hidden_orthogonal is None else int(hidden_orthogonal)
-    h = y = None
-    if init is not None:
-        rows = torch.randperm(n_init, generator=torch.Generator().manual_seed(seed))
-        h, y = init[0][rows[:KMEANS_ROWS].to(init[0].device)], init[1][rows[:KMEANS_ROWS]]
     hidden, dims = [], num_dims
     for depth in range(layers - 1):
         layer, h = build_hidden_layer(
