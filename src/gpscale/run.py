@@ -352,6 +352,7 @@ def run(spec: RunSpec, processes: Any = None) -> RunResult:
         "predict_time_s": processes.slowest(time.perf_counter() - tic),
         "stopped": history.stopped, "noise": _noise(pred), **choice_time, **processes.metrics,
     }
+    metrics.update(_in_data_units(metrics, data))
     message = coverage_message(spec.method, metrics.get("test_coverage"), data.num_test,
                                history.stopped)
     if message is not None and processes.is_main:  # intervals the test rows contradict: said
@@ -375,6 +376,14 @@ def run_metrics(spec: RunSpec) -> dict[str, Any]:
         log.warning("%s on %s stopped: %s", spec.method, spec.dataset, err)
         return {"dataset": spec.dataset, "method": spec.method, "epochs": err.epoch - 1,
                 "stopped": f"failed in epoch {err.epoch}"}
+
+
+def _in_data_units(metrics: dict[str, Any], data: Dataset) -> dict[str, float]:
+    """The test RMSE in the target's own units (the other metrics are of standardised y)."""
+    scale = getattr(data.transform, "y_std", None)
+    if data.task != "regression" or scale is None or "test_rmse" not in metrics:
+        return {}
+    return {"test_rmse_data_units": metrics["test_rmse"] * float(scale)}
 
 
 def _noise(pred: Predictive) -> float | None:

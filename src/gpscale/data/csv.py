@@ -126,7 +126,8 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
              test_fraction: float = 0.1, seed: int = 0, header: str | int | None = "infer",
              delimiter: str | None = None, dtype: torch.dtype = torch.float64,
              standardize_x: bool = True, labels: str | Path | None = None,
-             split: str = "random", dates: str | int | None = None) -> Dataset:
+             split: str = "random", dates: str | int | None = None,
+             missing_target: str = "error") -> Dataset:
     """Load a data file (CSV, Parquet or ``.npy``) with a random train/test split.
 
     Args:
@@ -153,6 +154,10 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
             the rows, in file order, are the test set (a forecast).
         dates: an input column (name or index) of dates written ``YYYYMMDD``, read as
             decimal years (:func:`gpscale.data.dates.decimal_years`).
+        missing_target: ``"error"`` (default: a row without a target is an error naming its
+            line) or ``"drop"``: rows whose target is missing (an empty field, ``NA``, ``NaN``,
+            ``null``) are dropped before the split, with a warning counting them; a numeric
+            target (regression or counts). Their inputs must still be readable.
 
     Returns:
         The :class:`Dataset`; ``info`` holds the source, target and input column names
@@ -193,13 +198,19 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
             raise ValueError(f"{path}: the dates column {labels[date_col]!r} is the target")
         k = inputs.index(date_col)
         x[:, k] = decimal_years(x[:, k], where=f"{path}: the dates column {labels[date_col]!r}")
-    y, classes = table.targets(path, col, task)
+    if missing_target == "drop":
+        x, y, classes = _drop_missing(path, table, col, task, labels[col], x)
+        num_rows = len(y)
+    else:
+        y, classes = table.targets(path, col, task)
     if classes is not None:  # a continuous target is not one class per distinct value
         check_class_labels(classes, num_rows, name=f"{path}: the target column {labels[col]!r}")
     item_shape = getattr(table, "item_shape", None)
     del table  # the file's columns: x and y hold what is needed
     if task == "regression":
         _warn_if_labels(path, labels[col], y)
+    if num_rows < 2:
+        raise ValueError(f"{path} has {num_rows} data row with a target; at least 2 are needed")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
     train_idx, test_idx = (ordered_split(num_rows, test_fraction) if split == "last"
@@ -221,6 +232,32 @@ def load_csv(path: str | Path, target: str | int, *, task: str = "regression",
                                 info=info, standardize_x=standardize_x)
     _warn_if_dropped(path, data, x[train_idx[:1]])
     return data
+
+
+def _drop_missing(path: Path, table: Table, col: int, task: str, name: str,
+                  x: np.ndarray) -> tuple[np.ndarray, torch.Tensor, None]:
+    """The inputs and targets of the rows with a target, warning how many rows had none."""
+    if task == "classification":
+        raise ValueError(f"{path}: missing_target='drop' applies to a numeric target "
+                         "(regression or counts), not to class labels")
+    values = table.target_values(path, col)
+    keep = ~np.isnan(values)
+    locate = table.locator()
+    for bad, why in ((np.isinf(values), "holds inf"),
+                     (keep & ((values < 0) | (values != np.round(values))) if task == "counts"
+                      else np.zeros_like(keep), "holds counts that are not non-negative integers")):
+        if bad.any():
+            raise ValueError(f"{path}: the target column {name!r} {why} on "
+                             f"{locate(np.flatnonzero(bad)[:5].tolist())}")
+    y = values[keep]
+    dropped = np.flatnonzero(~keep)
+    if len(dropped):
+        where = locate(dropped[:5].tolist())
+        warnings.warn(f"{path}: dropped {len(dropped):,} row{'s' if len(dropped) > 1 else ''} "
+                      f"without a value in the target column {name!r} ({where}"
+                      f"{', ...' if len(dropped) > 5 else ''}) of {len(values):,}",
+                      UserWarning, stacklevel=3)
+    return np.ascontiguousarray(x[keep]), torch.from_numpy(np.ascontiguousarray(y)), None
 
 
 def _warn_if_dropped(path: Path, data: Dataset, first: torch.Tensor) -> None:

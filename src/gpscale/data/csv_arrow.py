@@ -122,6 +122,11 @@ class ArrowCsvTable(_ColumnTable):
             out[:, k] = store.column(j)
         return out
 
+    def target_values(self, path: str | Path, col: int) -> np.ndarray:
+        if col in self._store.text:  # "NA" and the like, or text: the line reader tells which
+            return self.text().target_values(path, col)
+        return np.array(self._store.column(col))
+
     def targets(self, path: str | Path, col: int,
                 task: str) -> tuple[torch.Tensor, list[str] | None]:
         store = self._store

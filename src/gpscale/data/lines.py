@@ -42,6 +42,12 @@ _SNIFFED = ("\t", ";", ",", "|")  # in order of preference when several split co
 _NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "'|'"}
 
 
+MISSING = ("", "na", "n/a", "nan", "null")
+"""Field text (lower case, stripped) read as a missing target when rows without one are dropped."""
+
+DROP_HINT = "missing_target='drop' (gpscale fit: --data-option missing_target=drop)"
+
+
 class Table:
     """A data file in memory: a delimited text file as text fields (this class), or a file read
     column-wise (the subclasses in :mod:`gpscale.data.readers`).
@@ -111,6 +117,25 @@ class Table:
                              f"on {_lines(self, rows)}; remove or impute those rows")
         return out
 
+    def target_values(self, path: str | Path, col: int) -> np.ndarray:
+        """Column ``col`` as float64 numbers with NaN where the field is missing (empty, ``NA``,
+        ``NaN`` or ``null``): the targets of a file whose rows without one are dropped.
+
+        Raises:
+            ValueError: a field that is neither a number nor missing, naming its line.
+        """
+        name = f"target column {self.names[col]!r}" if self.names else f"target column {col}"
+        out = np.empty(len(self.rows), dtype=np.float64)
+        for i, row in enumerate(self.rows):
+            value = row[col]
+            if value.strip().lower() in MISSING:
+                out[i] = np.nan
+            elif is_number(value):
+                out[i] = float(value)
+            else:
+                raise ValueError(f"{path}: line {self.lines[i]}, {name}: {_why(value)}")
+        return out
+
     def targets(self, path: str | Path, col: int,
                 task: str) -> tuple[torch.Tensor, list[str] | None]:
         """Column ``col`` as targets: class codes 0..C-1 and the sorted labels (classification),
@@ -133,8 +158,10 @@ class Table:
             return torch.tensor([code[canon[v]] for v in values], dtype=torch.long), classes
         bad = next((i for i, v in enumerate(values) if not is_number(v)), None)
         if bad is not None:
-            raise ValueError(f"{path}: line {self.lines[bad]}, {name}: {_why(values[bad])}; use "
-                             "task='classification' (--task classification) for class labels")
+            hint = (f"; to drop the rows without a target: {DROP_HINT}"
+                    if values[bad].strip().lower() in MISSING
+                    else "; use task='classification' (--task classification) for class labels")
+            raise ValueError(f"{path}: line {self.lines[bad]}, {name}: {_why(values[bad])}{hint}")
         y = torch.tensor([float(v) for v in values], dtype=torch.float64)
         nonfinite = torch.nonzero(~torch.isfinite(y)).flatten().tolist()
         if nonfinite:

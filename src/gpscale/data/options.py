@@ -148,6 +148,8 @@ FILE_OPTIONS = {
     "split": "random (default, seeded by --split) or last: the last test_fraction of the rows, "
              "in file order, are the test set (forecasting)",
     "dates": "an input column (name or index) of dates written YYYYMMDD, read as decimal years",
+    "missing_target": "error (default) or drop: rows without a target (an empty field, NA, "
+                      "NaN, null) are dropped, with a warning counting them",
     "labels": "a .npy file of one target per item of a .npy array of images (N, H, W[, C]); "
               "the target is then these labels",
 }
@@ -190,6 +192,10 @@ def _file_option(path: str, key: str, value: Any) -> Any:
     if key == "split":
         if value not in SPLITS:
             raise bad(f"expected {' or '.join(SPLITS)}")
+        return value
+    if key == "missing_target":
+        if value not in ("error", "drop"):
+            raise bad("expected error or drop")
         return value
     if key == "dates":
         if not isinstance(value, str | int) or isinstance(value, bool):

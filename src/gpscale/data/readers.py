@@ -30,6 +30,7 @@ import torch
 from numpy.lib import format as npy_format
 
 from gpscale.data.lines import (
+    DROP_HINT,
     Table,
     _col,
     canonical_labels,
@@ -114,8 +115,9 @@ class _ColumnTable(Table):
 class _ArrayTable(_ColumnTable):
     """Parquet and ``.npy`` tables: problems are named by row (0-based)."""
 
-    def _column(self, path: str | Path, j: int, what: str) -> np.ndarray:
-        """Column j as float64 (a copy or a view); ``what`` names it in errors."""
+    def _column(self, path: str | Path, j: int, what: str, missing: bool = False) -> np.ndarray:
+        """Column j as float64 (a copy or a view); ``what`` names it in errors; ``missing``:
+        missing values (Parquet's nulls) are NaN, not an error."""
         raise NotImplementedError
 
     def _is_text(self, j: int) -> bool:
@@ -154,6 +156,12 @@ class _ArrayTable(_ColumnTable):
 
     def _name(self, j: int) -> str:
         return f"column {self.names[j]!r}" if self.names else f"column {j}"
+
+    def target_values(self, path: str | Path, col: int) -> np.ndarray:
+        if self._is_text(col):
+            raise ValueError(f"{path}: the target {self._name(col)} holds text; a numeric "
+                             "target is needed to drop the rows without one")
+        return self._column(path, col, "target column", missing=True)
 
     def targets(self, path: str | Path, col: int,
                 task: str) -> tuple[torch.Tensor, list[str] | None]:
@@ -216,7 +224,7 @@ class ParquetTable(_ArrayTable):
             raise ValueError(f"{self.path} is not a readable Parquet file (column "
                              f"{self.names[j]!r}: {_first_line(err)})") from None
 
-    def _column(self, path: str | Path, j: int, what: str) -> np.ndarray:
+    def _column(self, path: str | Path, j: int, what: str, missing: bool = False) -> np.ndarray:
         kind = self._types[j]
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
                 or pa.types.is_boolean(kind) or pa.types.is_decimal(kind)):
@@ -224,10 +232,13 @@ class ParquetTable(_ArrayTable):
                     if what == "target column" else f"; {what}s must be numeric")
             raise ValueError(f"{path}: the {what} {self.names[j]!r} holds {kind} values{hint}")
         column = self._read(j)
-        if column.null_count:
+        if column.null_count and missing:
+            column = pc.fill_null(pc.cast(column, pa.float64()), float("nan"))
+        elif column.null_count:
             nulls = np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))
+            hint = f" (or {DROP_HINT})" if what == "target column" else ""
             raise ValueError(f"{path}: the {what} {self.names[j]!r} has missing values (null) "
-                             f"on {_rows(nulls)}; remove or impute those rows")
+                             f"on {_rows(nulls)}; remove or impute those rows{hint}")
         return np.asarray(column.to_numpy(), dtype=np.float64)
 
     def _is_text(self, j: int) -> bool:
@@ -279,7 +290,7 @@ class NpyTable(_ArrayTable):
         self._check_finite(path, out, columns)
         return out
 
-    def _column(self, path: str | Path, j: int, what: str) -> np.ndarray:
+    def _column(self, path: str | Path, j: int, what: str, missing: bool = False) -> np.ndarray:
         return np.asarray(self.array[:, j], dtype=np.float64)
 
     def _python_column(self, j: int) -> list[Any]:
@@ -301,10 +312,10 @@ class LabelledNpyTable(NpyTable):
         self.labels = labels
         self.item_shape = tuple(int(k) for k in array.shape[1:])
 
-    def _column(self, path: str | Path, j: int, what: str) -> np.ndarray:
+    def _column(self, path: str | Path, j: int, what: str, missing: bool = False) -> np.ndarray:
         if j == self.width - 1:
             return np.asarray(self.labels, dtype=np.float64)
-        return super()._column(path, j, what)
+        return super()._column(path, j, what, missing)
 
     def _python_column(self, j: int) -> list[Any]:
         if j == self.width - 1:
