@@ -17,7 +17,10 @@ counts (Poisson).
 ``latent``          the latent GP: likelihood and kernel per task, the pre-fit options, the
                     kernel products (:class:`~gpscale.methods.iterncgp.latent.LatentKernel`)
                     and the predictive per likelihood
+``composed``        the kernel given as an expression: its start values beside the
+                    ``lengthscale`` and ``outputscale`` options, and why it is not pre-fitted
 ``held_distances``  kernel products from distances held across hyperparameter trials
+                    (one named isotropic kernel; an expression takes the plain products)
 ``variational``     the variational refinement of the Laplace posterior (beyond the paper)
 ``evidence``        the Laplace and variational evidence the kernel hyperparameters learn on
 ``learning``        the kernel-learning methods of :class:`IterNCGP` on that evidence

@@ -100,7 +100,8 @@ def held_distance_matmul(kernel: Kernel, x: Tensor, rows: int = 1024
                          ) -> Callable[[Tensor], Tensor] | None:
     """V (L, n, k) ↦ K_θ(x, x) V with one shared kernel for the L blocks, from distances held
     for the call's lifetime; ``None`` unless ``kernel`` is a scaled isotropic RBF/Matérn
-    (:func:`~gpscale.kernels.kernel_hyperparameters`) with one lengthscale. Memory: the n × n
+    (:func:`~gpscale.kernels.kernel_hyperparameters`) with one lengthscale, so never for a
+    kernel expression (a composition, whose leaves carry ``active_dims``). Memory: the n × n
     distances (float32 from :data:`FLOAT32_MIN_ROWS` points) and one block of ``rows``."""
     hp = kernel_hyperparameters(kernel)
     if hp is None or hp.lengthscale.numel() != 1 or hp.outputscale.numel() != 1:

@@ -28,8 +28,8 @@ from torch import Tensor
 
 from gpscale.distributions import Predictive
 from gpscale.kernels import (
-    KERNELS,
     dense_kernel_matrix,
+    is_expression,
     kernel_diag,
     kernel_matmul,
     kernel_matrix,
@@ -39,6 +39,7 @@ from gpscale.likelihoods import Bernoulli, Gaussian, Likelihood, Poisson, Softma
 from gpscale.linalg.ops import psd_sqrt
 from gpscale.methods._common import dense_operator_limit
 from gpscale.methods.base import probit_binary_probs
+from gpscale.methods.iterncgp.composed import expression_kernel, expression_value
 from gpscale.methods.iterncgp.held_distances import held_distance_matmul
 from gpscale.methods.options import Option
 from gpscale.validation import check_x, check_xy
@@ -66,14 +67,15 @@ def resolve_ard(ard: bool | None, num_dims: int) -> bool:
 
 
 LAPLACE_PRIOR_OPTIONS = (
-    Option("kernel", "str", "matern32", "covariance function of the latent GPs",
-           choices=KERNELS, choices_why="IterNCGP learns the lengthscales and outputscale of "
-           "one named kernel"),
-    Option("ard", "bool", None, "one lengthscale per input dimension; none: one per input up to "
-           f"{ARD_MAX_DIMS} inputs, else one for all"),
-    Option("lengthscale", "floats", None, "fixed lengthscale(s); none: from the SVGP pre-fit",
+    Option("kernel", "kernel", "matern32", "covariance function of the latent GPs: a name, or "
+           "an expression such as 'rbf(0,1) * periodic(2) + matern32(3:)' (guide: kernels)"),
+    Option("ard", "bool", None, "one lengthscale per input dimension (a named kernel); none: one "
+           f"per input up to {ARD_MAX_DIMS} inputs, else one for all"),
+    Option("lengthscale", "floats", None, "fixed lengthscale(s); none: from the SVGP pre-fit; "
+           "with an expression one value, for its stationary leaves that give none",
            minimum=0, exclusive=True),
-    Option("outputscale", "floats", None, "fixed kernel variance(s); none: from the pre-fit",
+    Option("outputscale", "floats", None, "fixed kernel variance(s); none: from the pre-fit; "
+           "with an expression one value, shared by its terms that give none",
            minimum=0, exclusive=True),
     Option("shared_kernel", "bool", True, "one kernel for all classes (else one per class)"),
     Option("prior_mean", "float", 0.0, "constant prior mean of the latent GPs"),
@@ -139,9 +141,14 @@ def fixed_kernel(name: str, num_dims: int, *, ard: bool, num_latents: int, share
     One kernel shared by the L latent GPs (``shared``) or a batch of L kernels (batch_shape
     (L,)). Values: a lengthscale is a float (a list of d floats with ``ard``); with a batch it
     may also be given per latent GP, as a list of L floats (L lists of d with ``ard``), and the
-    outputscale as a list of L floats.
+    outputscale as a list of L floats. ``name`` may be a kernel expression: then ``ard`` does
+    not apply and the values are ``None`` or one number each
+    (:func:`~gpscale.methods.iterncgp.composed.expression_kernel`).
     """
     batch = torch.Size() if shared or num_latents == 1 else torch.Size([num_latents])
+    if is_expression(name):
+        return expression_kernel(name, num_dims, batch_shape=batch, lengthscale=lengthscale,
+                                 outputscale=outputscale).requires_grad_(False)
     kernel = make_kernel(name, num_dims, ard=ard, batch_shape=batch)
     ls, os_ = torch.as_tensor(lengthscale), torch.as_tensor(outputscale)
     if batch and ls.dim() == (2 if ard else 1):  # per latent GP
@@ -378,7 +385,11 @@ def hyperparameter_options(init: tuple[Tensor, Tensor] | None, task: str,
     """Fixed lengthscale/outputscale: the given values, or placeholders 1.0 for a rebuild (no
     ``init``) whose state dict brings them. Missing values with ``init`` are an error: the SVGP
     pre-fit that supplies them (paper §C.4) is a training step, :mod:`gpscale.training.prefit`,
-    run by the harness before the build."""
+    run by the harness before the build. A kernel expression carries its own start values: the
+    two are ``None`` or one number each (:mod:`gpscale.methods.iterncgp.composed`)."""
+    if is_expression(kernel):
+        return (expression_value("lengthscale", lengthscale),
+                expression_value("outputscale", outputscale))
     if (lengthscale is None or outputscale is None) and init is not None:
         raise ValueError(
             "iterncgp and sod-laplace keep their kernel fixed: pass lengthscale and outputscale, "

@@ -81,6 +81,7 @@ from gpscale.errors import NumericalError
 from gpscale.likelihoods import Likelihood, Softmax
 from gpscale.linalg.policies.unit_vector import UnitVectorPolicy
 from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.iterncgp.composed import check_backend
 from gpscale.methods.iterncgp.evidence import KERNEL_LEARNING_OPTIONS, KernelLearning
 from gpscale.methods.iterncgp.latent import (
     LAPLACE_PRIOR_OPTIONS,
@@ -409,9 +410,10 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
             ``cg`` (the paper's IterNCGP-CG) otherwise.
         max_iterations, max_newton_steps, outer_rtol, atol, rtol: :class:`Stopping`.
         recycle, compression_rank: :class:`Recycling` (``enabled``, ``rank``).
-        kernel, ard, lengthscale, outputscale: the prior kernel (``ard=None``: one lengthscale
-            per input up to :data:`ARD_MAX_DIMS` inputs); missing hyperparameters
-            come from an SVGP pre-fit on ``init`` (``prefit_*``: Adam steps, rounded up to whole
+        kernel, ard, lengthscale, outputscale: the prior kernel, a name (``ard=None``: one
+            lengthscale per input up to :data:`ARD_MAX_DIMS` inputs) or an expression (module
+            ``composed``); missing hyperparameters of a name come from an SVGP pre-fit on
+            ``init`` (``prefit_*``: Adam steps, rounded up to whole
             epochs; inducing points per class; learning rate; batch size).
         shared_kernel: one kernel for all C latent GPs, else a batch of C kernels (the SVGP
             pre-fit then keeps its per-class values; given values may be per-class lists).
@@ -439,6 +441,7 @@ def build_iterncgp(num_dims: int, *, task: str = "classification", num_classes: 
     if policy not in POLICIES and policy != "auto":
         raise ValueError(f"unknown policy {policy!r}; valid policies: auto, "
                          f"{', '.join(POLICIES)}")
+    check_backend(kernel, backend)
     prior = prior_setup("iterncgp", num_dims, task=task, num_classes=num_classes, init=init,
                         kernel=kernel, ard=ard, shared=shared_kernel, lengthscale=lengthscale,
                         outputscale=outputscale, seed=seed, prefit_steps=prefit_steps,

@@ -8,7 +8,10 @@ its kernel by default, in rounds of L-BFGS and warm-started refinements, not epo
 budget bounds the rounds (the final conditioning runs after it). A kernel neither given nor
 learned comes from a short SVGP fit (paper 000, §C.4; the ``prefit_*`` options); IterNCGP's
 classification that learns its kernel starts from the median distance instead, which reaches the
-same θ without the pre-fit's time. The test options fix the kernel, so that no pre-fit runs.
+same θ without the pre-fit's time. A kernel expression is never pre-fitted, since the pre-fit
+reads back one named kernel's values: it starts from the median distance too, beside its own
+start values (:mod:`gpscale.methods.iterncgp.composed`). The test options fix the kernel, so
+that no pre-fit runs.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from torch import Tensor
 
+from gpscale.kernels import is_expression
 from gpscale.methods.iterncgp.evidence import learning_points
 from gpscale.methods.iterncgp.latent import resolve_ard
 from gpscale.methods.registry import DEFAULT_BUDGET_S, FULL_BATCH, Prefit
@@ -35,6 +39,8 @@ def plan_text(opts: dict[str, Any], max_time: float | None, num_train: int | Non
     within ``max_time``) or conditioning once with a fixed kernel."""
     variational = opts.get("inference", "laplace") == "variational"
     posterior = "variational" if variational else "Laplace"
+    fixed = ("its start values" if is_expression(opts["kernel"])
+             else "given or SVGP pre-fitted")
     if not opts["learn_kernel"]:
         return (f"conditioning once with a fixed kernel, {posterior} posterior (nothing to "
                 "train; -o learn_kernel=true learns the kernel)")
@@ -49,8 +55,7 @@ def plan_text(opts: dict[str, Any], max_time: float | None, num_train: int | Non
               "(-o learn_points=0: rounds on all; ")
     return (f"learning the kernel on {_OBJECTIVE_TEXT[objective]}, at most "
             f"{opts['kernel_rounds']} rounds{limit} of L-BFGS steps and Newton restarts"
-            f"{subset or ' ('}-o learn_kernel=false keeps a fixed kernel: given or SVGP "
-            "pre-fitted)")
+            f"{subset or ' ('}-o learn_kernel=false keeps a fixed kernel: {fixed})")
 
 
 def prefit_arguments(opts: dict[str, Any], x: Tensor) -> dict[str, Any]:
@@ -63,8 +68,10 @@ def prefit_arguments(opts: dict[str, Any], x: Tensor) -> dict[str, Any]:
 
 
 def learns_from_median(opts: dict[str, Any], task: str) -> bool:
-    """Classification that learns its kernel starts from the median distance, not a pre-fit."""
-    return bool(opts.get("learn_kernel")) and task == "classification"
+    """Classification that learns its kernel starts from the median distance, not a pre-fit;
+    so does a kernel expression (either key, any task), which the pre-fit cannot read back."""
+    return (is_expression(opts["kernel"])
+            or (bool(opts.get("learn_kernel")) and task == "classification"))
 
 
 _ONCE = {**FULL_BATCH, "epochs": 1}
@@ -78,7 +85,8 @@ PIPELINE: dict[str, dict[str, Any]] = {
         test_options={"lengthscale": 0.8, "outputscale": 2.0}),
     "sod-laplace": dict(
         training_defaults={"paper": _ONCE, "default": _ONCE},
-        prefit=Prefit("kernel", model="svgp", arguments=prefit_arguments),
+        prefit=Prefit("kernel", model="svgp", arguments=prefit_arguments,
+                      learned_start=learns_from_median),
         test_options={"lengthscale": 0.8, "outputscale": 2.0, "num_subset": 30}),
 }
 """The declarations of ``iterncgp`` and ``sod-laplace`` (module docstring)."""
