@@ -29,7 +29,9 @@ def _kernel_option(key):
 def test_the_declarations():
     takes = {key for key in METHODS if (o := _kernel_option(key)) is not None
              and o.kind == "kernel"}
-    assert takes == COMPOSED
+    # ggp takes sums over groups of inputs (refusing the rest, with the reason); the Laplace
+    # keys take any expression for a fixed or evidence-learned latent kernel
+    assert takes == COMPOSED | {"ggp", "iterncgp", "sod-laplace"}
 
 
 @pytest.mark.parametrize("key", sorted(COMPOSED))
@@ -56,7 +58,7 @@ def test_a_composed_kernel_trains_predicts_and_round_trips(key, tmp_path):
 
 @pytest.mark.parametrize("key, why", [("ski", "one stationary kernel on one grid"),
                                       ("softki", "ARD lengthscales"),
-                                      ("iterncgp", "one named kernel")])
+                                      ("ggp", "a product within a term")])
 def test_the_others_refuse_an_expression_saying_why(key, why):
     with pytest.raises(OptionError) as err:
         get_spec(key).resolve({"kernel": EXPRESSION})
@@ -102,15 +104,19 @@ def test_auto_chooses_among_the_methods_that_take_the_kernel():
 
     grid, options = auto.pick("regression", 2_000_000, 2, num_classes=None,
                               options={"kernel": EXPRESSION})
-    assert grid.method == "svgp" and "takes a kernel by name only" in grid.reason
+    assert grid.method == "svgp" and "does not take this kernel expression" in grid.reason
     assert options["kernel"] == EXPRESSION
     small, _ = auto.pick("regression", 500, 2, num_classes=None, options={"kernel": EXPRESSION})
     assert small.method == "exact"  # the exact GP takes it: the rule's choice stands
     classes, _ = auto.pick("classification", 500, 2, num_classes=3,
                            options={"kernel": EXPRESSION})
-    assert classes.method == "svgp"
-    with pytest.raises(OptionError, match="one named kernel"):  # iterncgp's alone
-        auto.pick("counts", 500, 2, num_classes=None, options={"kernel": EXPRESSION})
+    assert classes.method == "iterncgp"  # it takes expressions: the rule's choice stands
+    counts, _ = auto.pick("counts", 500, 2, num_classes=None, options={"kernel": EXPRESSION})
+    assert counts.method == "iterncgp"
+    additive = "rbf(0) + matern32(1)"
+    grid, _ = auto.pick("regression", 2_000_000, 2, num_classes=None,
+                        options={"kernel": additive})
+    assert grid.method == "ggp"  # an additive expression ggp takes
 
 
 def test_an_expression_trains_in_float64_unless_told():

@@ -19,6 +19,10 @@ n² float32 entries a dense kernel matrix would need.
 d = 9, i = 512, float32), forward and backward, for the native row kernels
 (:mod:`gpscale.linalg.native`) and the compiled tiles: the product an epoch is made of.
 
+(d) A composed kernel, a sum of two stationary kernels on halves of the inputs
+(:data:`COMPOSED`), against one kernel on all of them, n = 20,000, forward and forward +
+backward, side by side (:func:`_composed_rows`).
+
 ``quick=True`` shrinks n (2,000 and 4,000) for a smoke test. Times are the best of 3 runs
 after one warm-up run (the warm-up includes ``torch.compile``); the GEMM rate is the best of
 all GEMM runs, interleaved with the products (the machine may be shared).
@@ -36,7 +40,7 @@ from typing import Any
 import torch
 
 from gpscale.benchmarks.memory import peak_memory_mb
-from gpscale.kernels import kernel_matmul, kernel_matrix, make_kernel
+from gpscale.kernels import build_kernel, kernel_matmul, kernel_matrix, make_kernel
 from gpscale.linalg import native
 from gpscale.linalg.fused import wait_for_compilation
 from gpscale.linalg.operators.block_sparse import BlockLayout, symmetric_kernel_product
@@ -48,7 +52,7 @@ log = logging.getLogger(__name__)
 
 NUM_DIMS, NUM_RHS, DTYPE = 8, 64, torch.float32
 COLUMNS = ["measure", "backend", "n", "seconds", "entries_per_s", "fraction_of_roofline",
-           "gemm_gflops", "roofline_entries_per_s", "peak_mb", "dense_kernel_mb"]
+           "gemm_gflops", "roofline_entries_per_s", "peak_mb", "dense_kernel_mb", "ratio"]
 GPU_COLUMNS = ["measure", "backend", "device", "n", "seconds", "backward_s", "entries_per_s",
                "fraction_of_roofline", "max_rel_error", "gemm_gflops",
                "roofline_entries_per_s", "note"]
@@ -173,6 +177,47 @@ def _block_sparse_rows(n: int, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+COMPOSED = "matern32(0:4) + rbf(4:8)"
+"""The composed row's kernel: a sum of two stationary kernels on halves of the inputs."""
+
+
+def _composed_rows(n: int, repeats: int) -> list[dict[str, Any]]:
+    """A sum of two stationary kernels (:data:`COMPOSED`) against one kernel on all the inputs,
+    side by side in one loop (forward, and forward + backward with gradients for the inputs,
+    right-hand sides and hyperparameters): the composed product ('auto': its fused tiles), the
+    same kernel through GPyTorch's composition ('eager'), the single kernel by 'auto' and by
+    'compiled'. ``ratio`` is each time over the single kernel's fastest."""
+    single, x, rhs = _problem(n)
+    composed = build_kernel(COMPOSED, NUM_DIMS).to(DTYPE)
+    runs = {"composed (auto)": (composed, "auto"), "composed (eager)": (composed, "eager"),
+            "single (auto)": (single, "auto"), "single (compiled)": (single, "compiled")}
+    best = {(name, part): float("inf") for name in runs for part in ("forward", "fwd+bwd")}
+    for rep in range(repeats + 1):  # the first round warms up (compilation)
+        if rep == 1:
+            wait_for_compilation()
+        for name, (kernel, backend) in runs.items():
+            log.info("kernels: composed row, %s, n=%d", name, n)
+            with torch.no_grad():
+                start = time.perf_counter()
+                kernel_matmul(kernel, x, x, rhs, backend=backend)
+                forward = time.perf_counter() - start
+            a, v = x.clone().requires_grad_(), rhs.clone().requires_grad_()
+            start = time.perf_counter()
+            kernel_matmul(kernel, a, a, v, backend=backend).square().sum().backward()
+            both = time.perf_counter() - start
+            kernel.zero_grad()
+            if rep:
+                best[name, "forward"] = min(best[name, "forward"], forward)
+                best[name, "fwd+bwd"] = min(best[name, "fwd+bwd"], both)
+    rows = []
+    for part in ("forward", "fwd+bwd"):
+        fastest = min(best["single (auto)", part], best["single (compiled)", part])
+        rows += [{"measure": f"composed {part}", "backend": name, "n": n,
+                  "seconds": best[name, part], "entries_per_s": n * n / best[name, part],
+                  "ratio": best[name, part] / fastest} for name in runs]
+    return rows
+
+
 def run(out_dir: Path | str, *, quick: bool = False, device: str | None = None,
         runs: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """Measure throughput (a) and memory (b); write ``report.md`` etc. into ``out_dir``.
@@ -197,6 +242,7 @@ def run(out_dir: Path | str, *, quick: bool = False, device: str | None = None,
     memory = _memory_rows(4_000 if quick else 40_000)
     rows = _throughput_rows(2_000 if quick else 20_000, repeats=1 if quick else 3) + memory
     rows += _block_sparse_rows(3_000 if quick else PROTEIN_N, repeats=1 if quick else 3)
+    rows += _composed_rows(2_000 if quick else 20_000, repeats=1 if quick else 3)
     notes = (f"Matérn-3/2 ARD with output scale, d = {NUM_DIMS}, k = {NUM_RHS} right-hand sides, "
              "float32, default chunk sizes, torch threads as listed above. roofline = GEMM "
              "flop/s / (2 (k + d)) kernel entries per second (inner product and product "

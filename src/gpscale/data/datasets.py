@@ -330,6 +330,9 @@ _GENERATED = (
                  _synthetic_loader(synthetic.demo_regression),
                  options=(*sizes(), _NOISE, DataOption(
                      "gap", "interval", "the interval of [0, 10] without training points"))),
+    DatasetEntry("additive12", "regression", 1_100_000, 12,
+                 "12 inputs, a sum of six 1-D and three 2-D parts (additive GGP)",
+                 _synthetic_loader(synthetic.additive_parts), options=(*sizes(), _NOISE)),
     DatasetEntry("relevant32", "regression", 10_000, 32, "32 inputs of which 4 matter (ARD)",
                  _synthetic_loader(synthetic.few_relevant_inputs),
                  options=(*sizes(), _NOISE,

@@ -39,6 +39,7 @@ __all__ = [
     "SyntheticData", "MixtureComponents", "FieldStream", "rbf_prior_sample",
     "binary_classification", "poisson_counts", "mixture_components", "gaussian_mixture",
     "noisy_sine", "demo_regression", "stream_field", "field_dataset", "few_relevant_inputs",
+    "additive_parts", "ADDITIVE_PARTS_KERNEL",
 ]
 
 _FLOAT = torch.float64
@@ -246,6 +247,31 @@ def few_relevant_inputs(num_train: int = 8000, num_test: int = 2000, *, num_dims
     y = f + math.sqrt(noise) * torch.randn(f.shape, generator=generator, dtype=_FLOAT)
     return SyntheticData(x[:num_train], y[:num_train], x[num_train:], y[num_train:],
                          f[:num_train], f[num_train:])
+
+
+def additive_parts(num_train: int = 1_000_000, num_test: int = 100_000, *, noise: float = 0.01,
+                   seed: int = 0) -> SyntheticData:
+    r"""Regression on 12 inputs whose function is a sum of six 1-D and three 2-D parts.
+
+    x ~ U[0, 1]^12, :math:`f(x) = \sum_{j < 6} \sin(2\pi x_j + j)
+    + \sum_{k < 3} \sin(2\pi (x_{6+2k} + x_{7+2k})) \cos(\pi x_{7+2k})`, y = f + ε with noise
+    variance ``noise``: the additive structure of ``ggp -o kernel='rbf(0) + … + rbf(10, 11)'``,
+    where one grid over every input would need m^12 points.
+    """
+    generator = _generator(seed)
+    x = torch.rand(num_train + num_test, 12, generator=generator, dtype=_FLOAT)
+    f = sum(torch.sin(2 * math.pi * x[:, j] + j) for j in range(6))
+    for k in range(3):
+        a, b = x[:, 6 + 2 * k], x[:, 7 + 2 * k]
+        f = f + torch.sin(2 * math.pi * (a + b)) * torch.cos(math.pi * b)
+    y = f + math.sqrt(noise) * torch.randn(f.shape, generator=generator, dtype=_FLOAT)
+    return SyntheticData(x[:num_train], y[:num_train], x[num_train:], y[num_train:],
+                         f[:num_train], f[num_train:])
+
+
+ADDITIVE_PARTS_KERNEL = ("rbf(0) + rbf(1) + rbf(2) + rbf(3) + rbf(4) + rbf(5) + rbf(6, 7) "
+                         "+ rbf(8, 9) + rbf(10, 11)")
+"""The kernel whose structure :func:`additive_parts` has."""
 
 
 def _chunk_seed(seed: int, j: int) -> int:

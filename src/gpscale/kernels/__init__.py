@@ -20,6 +20,8 @@ backend       kernels                           how
 ``keops``     as ``fused``                      pykeops (``pip install gpscale[keops]``)
 ``native``    as ``fused``, CPU                 C row kernels (:mod:`gpscale.linalg.native`)
 ``triton``    as ``fused``, CUDA                Triton kernels (:mod:`gpscale.linalg.triton`)
+``composed``  sums of scaled products of RBF /  each tile built once, one GEMM
+              Matérn on column groups           (:mod:`gpscale.linalg.composed`)
 ============  ================================  ====================================================
 
 `native` covers the block-sparse products of CaGP-Opt (``kernel_block_sparse_matmul``, and the
@@ -43,9 +45,10 @@ import torch
 from gpytorch.kernels import InducingPointKernel, Kernel, MaternKernel, RBFKernel, ScaleKernel
 
 from gpscale.kernels.algebra import KernelSyntaxError, parse_kernel
-from gpscale.kernels.compose import build_kernel
+from gpscale.kernels.compose import build_kernel, composed_terms
 from gpscale.linalg import fused, native, products, reach, triton
 from gpscale.linalg.chunked import autograd_rule, chunked_product, default_chunk_size
+from gpscale.linalg.composed import composed_matmul
 from gpscale.linalg.operators.block_sparse import BlockSparseActions, symmetric_kernel_product
 from gpscale.linalg.operators.block_sparse_rect import rectangular_kernel_product
 from gpscale.linalg.stationary import stationary_matrix
@@ -65,7 +68,7 @@ _BASE_KERNELS = {
 }
 KERNELS = tuple(_BASE_KERNELS)
 
-BACKENDS = ("auto", "eager", "fused", "compiled", "keops", "native", "triton")
+BACKENDS = ("auto", "eager", "fused", "compiled", "keops", "native", "triton", "composed")
 
 AUTO_COMPILE_MIN_ENTRIES = 2**22
 """``auto`` compiles only products with at least this many kernel entries (n1·n2 per batch):
@@ -223,7 +226,8 @@ def select_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str = "auto"
     if backend != "auto":
         return backend
     if kernel_hyperparameters(kernel) is None:
-        return "eager"
+        plain = x1.dim() == 2 and x2.dim() == 2 and composed_terms(kernel) is not None
+        return "composed" if plain else "eager"
     if x1.device.type == "cuda":
         if triton.available(x1):
             return "triton"
@@ -286,6 +290,15 @@ def _eager(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> T
     params = tuple(p for p in kernel.parameters() if p.requires_grad)
     rule = autograd_rule(lambda a, b, v: kernel(b, a).to_dense().mT @ v, params)
     return chunked_product(rule, x1, x2, rhs, chunk_size=chunk)
+
+
+def _composed(kernel: Kernel, x1: Tensor, x2: Tensor, rhs: Tensor, chunk: int) -> Tensor:
+    terms = composed_terms(kernel)
+    if terms is None or x1.dim() != 2 or x2.dim() != 2 or rhs.dim() != 2:
+        raise ValueError("backend 'composed' takes a sum of scaled products of RBF / Matérn "
+                         "kernels on column groups (a kernel expression of stationary leaves) "
+                         "and 2-D inputs; use backend='eager' or 'auto'")
+    return composed_matmul(terms, x1, x2, rhs)
 
 
 def _require_hyperparameters(kernel: Kernel, backend: str) -> KernelHyperparameters:
@@ -460,6 +473,8 @@ def _block_sparse_backend(kernel: Kernel, x1: Tensor, x2: Tensor, backend: str) 
     where :func:`gpscale.linalg.native.suits_block_sparse` (else as ``select_backend``); 'native'
     where it is not available runs 'compiled' (after one warning saying why)."""
     name = select_backend(kernel, x1, x2, backend)
+    if name == "composed":  # its block reduction is the row-chunked one
+        return "eager"
     if backend == "auto" and name in ("fused", "compiled") and x1.device.type == "cpu":
         return "native" if native.suits_block_sparse(x1) else name
     if name == "native" and not native.available(x1):
@@ -478,5 +493,6 @@ def _block_sparse_rows(kernel: Kernel, x_rows: Tensor, x: Tensor, actions: Block
                            chunk_size=chunk_size or default_chunk_size(x.shape[-2]))
 
 
-_BACKENDS = {"eager": _eager, **{name: _stationary(name) for name in products.BACKENDS}}
+_BACKENDS = {"eager": _eager, "composed": _composed,
+             **{name: _stationary(name) for name in products.BACKENDS}}
 

@@ -22,12 +22,14 @@ import torch
 from gpytorch.kernels import Kernel
 
 from gpscale.kernels.algebra import KernelSpec, Leaf, parse_kernel
+from gpscale.linalg.composed import ComposedLeaf, ComposedTerm
 
-__all__ = ["build_kernel", "standardised", "DEFAULT_DEGREE"]
+__all__ = ["build_kernel", "composed_terms", "standardised", "DEFAULT_DEGREE"]
 
 DEFAULT_DEGREE = 2
 _NO_BATCH = torch.Size()
 _MATERN_NU = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
+_PROFILE_OF_NU = {nu: name for name, nu in _MATERN_NU.items()}
 
 
 def build_kernel(spec: KernelSpec | str, num_dims: int, *, names: list[str] | None = None,
@@ -147,3 +149,35 @@ def _common_scale(leaf: Leaf, scales: list[float]) -> float:
                          "(standardised separately); give it to a leaf of one input, or leave "
                          "the start value out")
     return scales[0]
+
+
+def composed_terms(kernel: Kernel) -> tuple[ComposedTerm, ...] | None:
+    """The terms of a sum of scaled products of RBF / Matérn kernels on column groups (what
+    :func:`build_kernel` makes of an expression of stationary leaves), for the fused product
+    of :mod:`gpscale.linalg.composed`; ``None`` for any other kernel (a batch shape, another
+    leaf, a subclass)."""
+    parts = list(kernel.kernels) if type(kernel) is gpytorch.kernels.AdditiveKernel \
+        else [kernel]
+    terms = []
+    for part in parts:
+        if type(part) is not gpytorch.kernels.ScaleKernel or part.batch_shape != _NO_BATCH:
+            return None
+        base = part.base_kernel
+        if part.active_dims is not None and not (  # GPyTorch copies a leaf's onto its scale
+                base.active_dims is not None and torch.equal(part.active_dims, base.active_dims)):
+            return None
+        leaves = (list(base.kernels) if type(base) is gpytorch.kernels.ProductKernel
+                  else [base])
+        found = []
+        for leaf in leaves:
+            if type(leaf) is gpytorch.kernels.RBFKernel:
+                profile = "rbf"
+            elif type(leaf) is gpytorch.kernels.MaternKernel and leaf.nu in _PROFILE_OF_NU:
+                profile = _PROFILE_OF_NU[leaf.nu]
+            else:
+                return None
+            if leaf.active_dims is None or leaf.batch_shape != _NO_BATCH:
+                return None
+            found.append(ComposedLeaf(profile, leaf.active_dims, leaf.lengthscale))
+        terms.append(ComposedTerm(part.outputscale.reshape(()), tuple(found)))
+    return tuple(terms)

@@ -16,6 +16,10 @@ so each m_j must be moderate) and B = WᵀW, Woodbury gives, for any b ∈ ℝ�
 
     \log\det K̃ = \log\det Â + (n − m)\log σ².
 
+With a = L x, bᵀK̃⁻¹b is computed as (bᵀb − 2hᵀa + aᵀBa)/σ² + xᵀx, equal at the solution and
+off by the squared Â-norm of the solve's error elsewhere (the form above loses its digits to
+cancellation when the noise is small against the signal).
+
 Â is solved by preconditioned CG with P = σ² I + L B̄ L, where B̄ = ⊗_j B_j / n^{d−1} and B_j is
 WᵀW summed over all other dimensions (the 1-D Gram of the j-th coordinates, exact because the
 interpolation weights of each dimension sum to one). B̄ = B when d = 1 and E[B̄] = E[B] when the
@@ -237,7 +241,7 @@ class WhitenedSystem:
 
 def whitened_solve(GK: GridKernel, B, grams: list[Tensor], noise: float, n: int, h: Tensor,
                    rho: Tensor, *, num_logdet_probes: int, rtol: float, max_iters: int,
-                   seed: int = 0) -> WhitenedResult:
+                   seed: int = 0, system: WhitenedSystem | None = None) -> WhitenedResult:
     """Preconditioned CG on Â = σ²I + L B L (module docstring), batched over columns.
 
     Args:
@@ -245,18 +249,26 @@ def whitened_solve(GK: GridKernel, B, grams: list[Tensor], noise: float, n: int,
         noise: σ².  n: number of data points.  h: (m, k) Wᵀb per column.  rho: (k,) ‖b‖².
         num_logdet_probes: SLQ probes (drawn from N(0, P) with ``seed``) for log det K̃.
         rtol: relative tolerance on Â's system, in the P⁻¹-norm.  max_iters: CG cap.
+        system: Â already built (another whitening or preconditioner: the additive model's
+            blocks, :mod:`gpscale.linalg.additive`); ``GK`` and ``grams`` then only give m.
     """
     m = GK.num_grid
-    system = WhitenedSystem.build(GK, B, grams, noise, n)
+    system = system or WhitenedSystem.build(GK, B, grams, noise, n)
     P = system.preconditioner
     probes = P.sample(num_logdet_probes, torch.Generator().manual_seed(seed)) \
         if num_logdet_probes else h.new_zeros(m, 0)
     k = h.shape[1]
     rhs = torch.cat([system.L(h.to(_F64)), probes], 1)
     res = system.run(rhs, rtol=rtol, max_iters=max_iters, record_lanczos=num_logdet_probes > 0)
-    a = system.L(res.solution[:, :k])
-    wt_x = (h - B(a)) / noise
-    b_dot_x = (rho - (h * a).sum(0)) / noise
+    x = res.solution[:, :k]
+    a = system.L(x)
+    Ba = B(a)
+    wt_x = (h - Ba) / noise
+    # bᵀK̃⁻¹b in its variational form (ρ − 2hᵀa + aᵀWᵀWa)/σ² + ‖x‖²: exact at x = Â⁻¹Lh and
+    # off by (x − x*)ᵀÂ(x − x*)/σ² elsewhere, second order in the solve's error, where
+    # (ρ − hᵀa)/σ² is off to first order: at a high signal-to-noise ratio ρ and hᵀa nearly
+    # cancel, and a loose solve's error in the likelihood misled training
+    b_dot_x = (rho - 2 * (h * a).sum(0) + (a * Ba).sum(0)) / noise + (x * x).sum(0)
     if num_logdet_probes:
         from gpscale.linalg.solvers.lanczos import lanczos_quadrature
 

@@ -321,15 +321,15 @@ def _taking_the_kernel(task: str, choice: Choice, options: Mapping[str, Any]) ->
     if not isinstance(kernel, str) or not is_expression(kernel.strip()):
         return choice
     declared = {o.name: o for o in get_spec(choice.method).options}
-    if "kernel" in declared and declared["kernel"].kind == "kernel":
+    option = declared.get("kernel")
+    if option is not None and option.kind == "kernel" and option.refusal(kernel) is None:
         return choice
     if task not in get_spec(COMPOSED_FALLBACK).tasks:
         raise OptionError(f"method 'auto' chose {choice.method!r} ({choice.reason}), which "
-                          "takes a kernel by name only; name a method that takes composed "
-                          "kernels (guide: kernels)")
-    return Choice(COMPOSED_FALLBACK, f"{choice.reason}; but {choice.method} takes a kernel by "
-                                     f"name only, and {COMPOSED_FALLBACK} takes the given "
-                                     "expression")
+                          "does not take this kernel expression; name a method that takes "
+                          "it (guide: kernels)")
+    return Choice(COMPOSED_FALLBACK, f"{choice.reason}; but {choice.method} does not take this "
+                                     f"kernel expression, and {COMPOSED_FALLBACK} does")
 
 
 def needs_probe(task: str, n: int, d: int, *, num_classes: int | None = None,

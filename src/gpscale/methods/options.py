@@ -31,7 +31,7 @@ import difflib
 import json
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,8 @@ class Option:
         minimum_why: where the minimum comes from, for the error (``"GPyTorch's noise
             floor"``).
         choices_why: why only ``choices`` are valid, for the error.
+        refuse: for a ``kernel`` option, a function naming why the method cannot take an
+            expression (``None``: it can); the error gives that reason.
     """
 
     name: str
@@ -87,6 +89,13 @@ class Option:
     allow_none: bool = False
     minimum_why: str = ""
     choices_why: str = ""
+    refuse: Callable[[str], str | None] | None = None
+
+    def refusal(self, value: Any) -> str | None:
+        """Why this ``kernel`` option refuses ``value`` (``None``: it takes it)."""
+        if self.kind != "kernel" or self.refuse is None or not isinstance(value, str):
+            return None
+        return self.refuse(value.strip())
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -144,9 +153,13 @@ def _to_kernel(option: Option, value: Any) -> str:
     if text in KERNELS:
         return text
     try:
-        return parse_kernel(text).text
+        canonical = parse_kernel(text).text
     except KernelSyntaxError as err:
         raise _bad(option, value, str(err)) from None
+    why = option.refusal(canonical)
+    if why is not None:
+        raise _bad(option, value, why)
+    return canonical
 
 
 def _to_bool(option: Option, value: Any) -> bool:
@@ -337,15 +350,19 @@ def composed_dtype(options: Mapping[str, Any], dtype: str | None) -> str | None:
 
 
 def prior_options_with(*, kernel: str = "matern32", ard: bool = True, noise: bool = True,
-                       composed: bool = True, names_only_why: str = "") -> tuple[Option, ...]:
+                       composed: bool = True, names_only_why: str = "",
+                       refuse: Callable[[str], str | None] | None = None,
+                       ) -> tuple[Option, ...]:
     """The prior options every baseline-style method takes, with that method's defaults; the
     ``noise`` option (a GPyTorch Gaussian likelihood's) is at least
     :data:`GPYTORCH_NOISE_FLOOR`. ``composed``: the method takes kernel expressions (it needs
     only products with K), else only the names of :data:`~gpscale.kernels.KERNELS`, and an
-    expression is refused with ``names_only_why``."""
+    expression is refused with ``names_only_why``; ``refuse``: the expressions a method that
+    takes some refuses, and why (:attr:`Option.refuse`)."""
     kernel_option = (
         Option("kernel", "kernel", kernel, "covariance function: a name, or an expression "
-               "such as 'rbf(0,1) * periodic(2) + matern32(3:)' (guide: kernels)")
+               "such as 'rbf(0,1) * periodic(2) + matern32(3:)' (guide: kernels)",
+               refuse=refuse)
         if composed else Option("kernel", "str", kernel, "covariance function", choices=KERNELS,
                                 choices_why=names_only_why))
     opts = (

@@ -1,5 +1,6 @@
 """SKI and GGP: structured kernel interpolation, and the same model from sufficient statistics
-(``ski``, ``ggp``; inputs of at most 3 dimensions).
+(``ski``, ``ggp``; inputs of at most 3 dimensions, or for ``ggp`` sums of kernels on groups
+of at most 3 inputs).
 
 Wilson & Nickisch (2015), KISS-GP / SKI; Yadav, Sheldon & Musco (2021), "Faster Kernel
 Interpolation for Gaussian Processes", arXiv:2101.11751 (notes/002_fki.md). SKI approximates
@@ -18,14 +19,17 @@ iteration independent of n.
                 test options
 ``sharded``     GGP's statistics from per-rank shards for data-parallel training
                 (:meth:`GGP.shard_plan`)
+``additive``    additive GGP: ``ggp`` with a sum of kernels on groups of at most 3 inputs, one
+                grid per group (:class:`AdditiveGGP`, its statistics and the refusals)
 ==============  ================================================================================
 
 Importing the package registers ``ski`` and ``ggp``.
 """
 
+from gpscale.methods.ski.additive import AdditiveGGP
 from gpscale.methods.ski.model import GGP, SKI, SOLVERS, VARIANCES, build_ggp, build_ski
 from gpscale.methods.ski.solve import GridState
 from gpscale.methods.ski.statistics import SufficientStatistics, sufficient_statistics
 
-__all__ = ["GGP", "SKI", "GridState", "SufficientStatistics", "build_ggp", "build_ski",
-           "sufficient_statistics", "SOLVERS", "VARIANCES"]
+__all__ = ["AdditiveGGP", "GGP", "SKI", "GridState", "SufficientStatistics", "build_ggp",
+           "build_ski", "sufficient_statistics", "SOLVERS", "VARIANCES"]

@@ -58,10 +58,8 @@ r̂_0 = K_G w_*); ``variance='lanczos'`` (LOVE) uses k factorized Lanczos steps 
 b = W K_G 1/m (ref-code's start), M ≈ P̂ T⁻¹ P̂ᵀ, P̂ = WᵀW Q̂. The prior term w_*ᵀK_Gw_* uses the
 7^d local kernel values (all s^d nodes of a point are within ±3 grid steps).
 
-Layout: the sufficient statistics and the grid options are in
-:mod:`gpscale.methods.ski.statistics`, GGP's m-dimensional solves and the :class:`GridState`
-they assemble in :mod:`gpscale.methods.ski.solve`; this module holds the two methods, their
-predictive and their factories.
+Layout: statistics and grid options in :mod:`gpscale.methods.ski.statistics`, GGP's solves and
+:class:`GridState` in :mod:`gpscale.methods.ski.solve`; here the methods and their factories.
 
 Deviations / choices: the grid is padded (no truncated rows, §3.2); the output scale multiplies
 K_G once (§11.16); stopping is ‖r_k‖ ≤ rtol ‖b‖ (ref-code, §6.2); probes are Rademacher (the
@@ -79,16 +77,15 @@ import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive
-from gpscale.kernels import kernel_diag, kernel_hyperparameters
+from gpscale.kernels import is_expression, kernel_diag, kernel_hyperparameters
 from gpscale.linalg.factorized import span_cg, span_lanczos
 from gpscale.linalg.interpolation import Grid, Interpolation, interpolate, make_grid
-from gpscale.linalg.ops import rademacher, safe_cholesky
+from gpscale.linalg.ops import rademacher
 from gpscale.linalg.reach import beyond_box
 from gpscale.linalg.solvers.cg import ConjugateGradient
 from gpscale.linalg.solvers.lanczos import lanczos, lanczos_quadrature
 from gpscale.linalg.stencil import GramStencil, pair_offsets
 from gpscale.linalg.toeplitz import GridKernel, grid_kernel
-from gpscale.linalg.whitened import WhitenedSystem, marginal_grams
 from gpscale.methods._common import (
     HeldOutNoise,
     check_task_and_init,
@@ -100,14 +97,23 @@ from gpscale.methods._common import (
 from gpscale.methods.base import Method, ShardPlan, predict_in_chunks
 from gpscale.methods.options import Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
+from gpscale.methods.ski.additive import (
+    AdditiveGGP,
+    additive_refusal,
+    additive_terms,
+    resolve_additive_grids,
+)
 from gpscale.methods.ski.pipeline import PIPELINE
 from gpscale.methods.ski.sharded import sharded_plan
 from gpscale.methods.ski.solve import (
     GridState,
     condition_statistics,
+    love_term,
     mll_state,
     operators,
+    sparse_columns,
     use_preconditioned,
+    whitened_system,
 )
 from gpscale.methods.ski.statistics import (
     StatisticsMemo,
@@ -121,7 +127,7 @@ __all__ = ["GGP", "SKI", "GridState", "SufficientStatistics", "build_ggp", "buil
            "sufficient_statistics"]
 
 SOLVERS = ("auto", "preconditioned", "iterative", "dense")
-VARIANCES = ("lanczos", "exact")
+VARIANCES = ("auto", "lanczos", "exact")
 _F64 = torch.float64
 
 
@@ -175,20 +181,6 @@ def _predict(model, state: GridState, x_test: Tensor, var_term, chunk_size: int)
             return Predictive(mean.to(xc.dtype), var.to(xc.dtype), noise=state.noise)
 
         return predict_in_chunks(chunk, x_test, chunk_size)
-
-
-def _sparse_columns(rows: Interpolation) -> Tensor:
-    """Dense (m, t) matrix Wᵀ of a few test rows (columns w_*)."""
-    t = rows.index.shape[0]
-    cols = torch.zeros(t, rows.num_grid, dtype=_F64, device=rows.weight.device)
-    return cols.scatter_add_(1, rows.index, rows.weight).T
-
-
-def _love_term(GK: GridKernel, P: Tensor, T: Tensor):
-    """rows ↦ ‖L⁻¹ P̂ᵀ K_G w_*‖² with T = L Lᵀ (LOVE, §5.9)."""
-    L = safe_cholesky(T, name="Lanczos tridiagonal T")
-    G = torch.linalg.solve_triangular(L, GK.matmul(P).T, upper=False).T  # (m, k) = K P̂ L⁻ᵀ
-    return lambda rows: rows.matmul(G).square().sum(-1)
 
 
 class GGP(HeldOutNoise, Method):
@@ -287,17 +279,17 @@ class GGP(HeldOutNoise, Method):
         def term(GK: GridKernel):
             K, B, s2 = operators(self.options, GK, stats, self.noise)
             if self.options["variance"] == "exact" and use_preconditioned(self.options, GK):
-                system = WhitenedSystem.build(GK, B, marginal_grams(stats.gram), s2, stats.n)
+                system = whitened_system(GK, B, stats, s2)
                 pairs = pair_offsets(stats.grid.support, stats.grid.num_dims)
 
                 def exact_whitened(rows):  # prior − posterior = w_*ᵀK_Gw_* − σ² uᵀÂ⁻¹u
-                    post = system.posterior_quad(_sparse_columns(rows), rtol=self.options["rtol"],
+                    post = system.posterior_quad(sparse_columns(rows), rtol=self.options["rtol"],
                                                  max_iters=self.options["max_iters"])
                     return GK.interp_quad(rows, pairs) - post
                 return exact_whitened
             if self.options["variance"] == "exact":
                 def exact(rows):
-                    Kw = K(_sparse_columns(rows))  # r̂_0 = K_G w_* (Alg. 4)
+                    Kw = K(sparse_columns(rows))  # r̂_0 = K_G w_* (Alg. 4)
                     xd, _ = span_cg(K, B, s2, Kw, rtol=self.options["rtol"],
                                     max_iters=self.options["max_iters"])
                     return (Kw * xd).sum(0)
@@ -305,7 +297,7 @@ class GGP(HeldOutNoise, Method):
             b0 = K(torch.full((stats.grid.num_points,), 1.0 / stats.grid.num_points,
                               dtype=_F64, device=stats.wt_y.device))
             _, P, T = span_lanczos(K, B, s2, b0, self.options["variance_rank"])
-            return _love_term(GK, P, T)
+            return love_term(GK, P, T)
 
         size = chunk_size if self.options["variance"] != "exact" else min(chunk_size, 256)
         return _predict(self, state, x_test, term, size)
@@ -393,14 +385,14 @@ class SKI(HeldOutNoise, Method):
                                        max_iters=self.options["max_iters"])
 
                 def exact(test_rows):
-                    Kw = GK.matmul(_sparse_columns(test_rows))
+                    Kw = GK.matmul(sparse_columns(test_rows))
                     return (Kw * rows.rmatmul(cg.solve(cg.init(A), rows.matmul(Kw)))).sum(0)
                 return exact
             m = GK.num_grid
             b0 = rows.matmul(GK.matmul(torch.full((m,), 1.0 / m, dtype=_F64,
                                                   device=GK.local.device)))
             Q, T = lanczos(A, b0, self.options["variance_rank"])
-            return _love_term(GK, rows.rmatmul(Q), T)
+            return love_term(GK, rows.rmatmul(Q), T)
 
         size = chunk_size if self.options["variance"] != "exact" else min(chunk_size, 256)
         return _predict(self, state, x_test, term, size)
@@ -409,7 +401,7 @@ class SKI(HeldOutNoise, Method):
 def _build(cls, key: str, num_dims: int, *, task: str, init, grid_size=None, grid_bounds=None,
            grid_margin: float = 0.1, interpolation: str = "cubic", num_probes: int = 16,
            rtol: float = 1e-3, max_iters: int = 1000, solver: str = "auto",
-           variance: str = "lanczos", variance_rank: int = 128, seed: int = 0,
+           variance: str = "auto", variance_rank: int = 128, seed: int = 0,
            wtw_format: str = "csr", kernel: str = "rbf", grid_lower=None, grid_upper=None,
            **prior: Any):
     check_task_and_init(key, task, ("regression",), num_dims, init)
@@ -423,7 +415,15 @@ def _build(cls, key: str, num_dims: int, *, task: str, init, grid_size=None, gri
         raise ValueError("need num_probes >= 0, rtol > 0, max_iters >= 1, variance_rank >= 1")
     if key == "ski" and solver in ("dense", "preconditioned"):
         raise ValueError(f"solver={solver!r} is a ggp option (ski runs CG on the n × n system)")
-    opts = {**grid_options(num_dims, init, grid_size, grid_bounds, grid_margin, interpolation),
+    additive = key == "ggp" and is_expression(kernel)
+    if additive:  # one grid per group of inputs (methods.ski.additive)
+        _, _, columns = additive_terms(kernel, num_dims)
+        grids = resolve_additive_grids(columns, init, grid_size, grid_bounds, grid_margin,
+                                       interpolation)
+        cls = AdditiveGGP
+    else:
+        grids = grid_options(num_dims, init, grid_size, grid_bounds, grid_margin, interpolation)
+    opts = {**grids,
             "num_probes": int(num_probes), "rtol": float(rtol), "max_iters": int(max_iters),
             "solver": solver, "variance": variance, "variance_rank": int(variance_rank),
             "seed": int(seed), "wtw_format": wtw_format}
@@ -451,10 +451,15 @@ def build_ski(num_dims: int, *, task: str = "regression", num_classes: int | Non
     return _build(SKI, "ski", num_dims, task=task, init=init, **options)
 
 
-def _grid_options() -> tuple[Option, ...]:
+def _grid_options(key: str) -> tuple[Option, ...]:
+    kernel = (prior_options_with(kernel="rbf", refuse=additive_refusal) if key == "ggp" else
+              prior_options_with(kernel="rbf", composed=False, names_only_why=(
+                  "SKI interpolates one stationary kernel on one grid of all inputs (ggp "
+                  "takes sums of kernels on groups of inputs, one grid each)")))
     return (
         Option("grid_size", "ints", None, "grid points per dimension (one or a list); none: "
-               "1024 / 100² / 32³ for d = 1 / 2 / 3", minimum=2),
+               "1024 / 100² / 32³ for d = 1 / 2 / 3 (an additive kernel's groups: 256 / 40² / "
+               "14³)", minimum=2),
         Option("grid_bounds", "bounds", None, "(lower, upper) box of the grid; none: the data's "
                "box widened by grid_margin"),
         Option("grid_margin", "float", 0.1, "fraction of the data range added each side",
@@ -468,13 +473,13 @@ def _grid_options() -> tuple[Option, ...]:
         Option("max_iters", "int", 1000, "most iterations per solve", minimum=1),
         Option("num_probes", "int", 16, "probe vectors of the log-determinant estimate",
                minimum=0),
-        Option("variance", "str", "lanczos", "predictive variance: low-rank Lanczos or exact "
-               "solves", choices=VARIANCES),
+        Option("variance", "str", "auto", "predictive variance: low-rank Lanczos, or exact "
+               "(solves; an additive kernel's by a dense factor); auto: lanczos, for an "
+               "additive kernel exact up to 8,192 grid points", choices=VARIANCES),
         Option("variance_rank", "int", 128, "rank of the Lanczos variance", minimum=1),
         Option("seed", "int", 0, "seeds the probe vectors"),
         Option("wtw_format", "str", "csr", "storage of WᵀW", choices=("csr", "stencil")),
-        *prior_options_with(kernel="rbf", composed=False, names_only_why=(
-            "SKI and GGP interpolate one stationary kernel on one grid of all inputs")),
+        *kernel,
         Option("grid_lower", "floats", None, "lower grid corner", hidden=True),
         Option("grid_upper", "floats", None, "upper grid corner", hidden=True),
     )
@@ -483,12 +488,12 @@ def _grid_options() -> tuple[Option, ...]:
 register(MethodSpec(
     key="ggp", factory=build_ggp, tasks=("regression",), **PIPELINE["ggp"],
     summary="GGP/GSGP: SKI from sufficient statistics WᵀW, Wᵀy; O(m log m) per iteration, "
-            "independent of n (d ≤ 3)",
-    options=_grid_options(),
+            "independent of n (d ≤ 3, or a sum of kernels on groups of ≤ 3 inputs)",
+    options=_grid_options("ggp"),
 ))
 
 register(MethodSpec(
     key="ski", factory=build_ski, tasks=("regression",), **PIPELINE["ski"],
     summary="SKI / KISS-GP: CG on W K_G Wᵀ + σ²I, O(n + m log m) per iteration (d ≤ 3)",
-    options=_grid_options(),
+    options=_grid_options("ski"),
 ))

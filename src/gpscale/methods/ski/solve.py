@@ -25,14 +25,22 @@ import torch
 from torch import Tensor
 
 from gpscale.errors import ConvergenceWarning
+from gpscale.linalg.additive import BlockGridKernel, BlockWhitenedSystem, block_marginal_grams
 from gpscale.linalg.factorized import factorized_cg
+from gpscale.linalg.interpolation import Interpolation
+from gpscale.linalg.ops import safe_cholesky
 from gpscale.linalg.solvers.lanczos import lanczos_quadrature
 from gpscale.linalg.toeplitz import GridKernel
-from gpscale.linalg.whitened import marginal_grams, preconditioned_applies, whitened_solve
+from gpscale.linalg.whitened import (
+    WhitenedSystem,
+    marginal_grams,
+    preconditioned_applies,
+    whitened_solve,
+)
 from gpscale.methods.ski.statistics import SufficientStatistics
 
 __all__ = ["DENSE_FALLBACK_MAX", "GridState", "condition_statistics", "mll_state", "operators",
-           "use_preconditioned"]
+           "use_preconditioned", "whitened_system", "love_term", "sparse_columns"]
 
 DENSE_FALLBACK_MAX = 4096
 """Largest grid whose m × m dense solve is the fallback of a preconditioned solve that misses
@@ -89,17 +97,31 @@ def mll_state(GK: GridKernel, noise: Tensor, mu: Tensor, n: int, *, quad: Tensor
     return GridState(quad_t, logdet_t, n, weights, noise.detach(), mu.detach(), iterations, data)
 
 
-def use_preconditioned(options: dict[str, Any], GK: GridKernel) -> bool:
-    """Whether the solves use :mod:`~gpscale.linalg.whitened` (solver option, K_G form)."""
+def use_preconditioned(options: dict[str, Any], GK: GridKernel | BlockGridKernel) -> bool:
+    """Whether the solves use :mod:`~gpscale.linalg.whitened` (solver option, K_G form: a
+    Kronecker product, or for an additive model Kronecker blocks)."""
     solver = options["solver"]
-    return solver == "preconditioned" or (solver == "auto" and preconditioned_applies(GK))
+    applies = (GK.kronecker if isinstance(GK, BlockGridKernel) else preconditioned_applies(GK))
+    return solver == "preconditioned" or (solver == "auto" and applies)
 
 
-def operators(options: dict[str, Any], GK: GridKernel, stats: SufficientStatistics,
-              noise: Tensor):
+def whitened_system(GK: GridKernel | BlockGridKernel, B, stats, noise: float) -> WhitenedSystem:
+    """Â = σ²I + L B L with its preconditioner: one Kronecker K_G (the marginals of the WᵀW
+    stencil), or an additive model's blocks (the marginals of its diagonal blocks)."""
+    if isinstance(GK, BlockGridKernel):
+        grams = block_marginal_grams(stats.gram, list(stats.grids))
+        return BlockWhitenedSystem.build_blocks(GK, B, grams, noise, stats.n)
+    return WhitenedSystem.build(GK, B, marginal_grams(stats.gram), noise, stats.n)
+
+
+def operators(options: dict[str, Any], GK: GridKernel | BlockGridKernel,
+              stats: SufficientStatistics, noise: Tensor):
     """(K, B, σ²): the K_G and WᵀW products on (m, k) blocks and the noise as a float."""
     K = GK.matmul
-    if options["wtw_format"] == "csr":
+    if isinstance(stats.gram, Tensor):  # an additive model's dense WᵀW
+        gram = stats.gram
+        B = lambda V: gram @ V  # noqa: E731
+    elif options["wtw_format"] == "csr":
         csr = stats.gram_csr if stats.gram_csr is not None else stats.gram.to_csr()
         B = lambda V: csr @ V  # noqa: E731
     else:
@@ -189,13 +211,13 @@ def _whitened_checked(options, stats, GK, B, s2, h, rho):
     back if it still exceeds.
     """
     rtol, tol = options["rtol"], options["rtol"]
-    grams, p = marginal_grams(stats.gram), stats.wt_probes.shape[1]
+    system, p = whitened_system(GK, B, stats, s2), stats.wt_probes.shape[1]
     Kh = GK.matmul(h[:, :1].to(_F64))[:, 0]
     scale = float(Kh.norm()) or 1.0
     for attempt in range(4):
-        res = whitened_solve(GK, B, grams, s2, stats.n, h, rho, num_logdet_probes=p,
+        res = whitened_solve(GK, B, [], s2, stats.n, h, rho, num_logdet_probes=p,
                              rtol=tol, max_iters=options["max_iters"],
-                             seed=options["seed"])
+                             seed=options["seed"], system=system)
         a = res.a[:, :1]
         resid = float((Kh[:, None] - s2 * a - GK.matmul(B(a))).norm()) / scale
         if resid <= rtol:
@@ -207,8 +229,9 @@ def _whitened_checked(options, stats, GK, B, s2, h, rho):
 
 def _condition_dense(stats, GK, noise, mu) -> GridState:
     """Dense m × m reference: exact Fact 2 / eq. 9, differentiable by autograd."""
-    m, n = stats.grid.num_points, stats.n
-    Kd, Bd = GK.to_dense(), stats.gram.to_dense()
+    m, n = GK.num_grid, stats.n
+    Kd = GK.to_dense()
+    Bd = stats.gram if isinstance(stats.gram, Tensor) else stats.gram.to_dense()
     s2, mu64 = noise.to(_F64), mu.to(_F64)
     h = stats.wt_y - mu64 * stats.wt_one
     rtr = stats.yty - 2 * mu64 * stats.y_sum + n * mu64**2
@@ -217,3 +240,17 @@ def _condition_dense(stats, GK, noise, mu) -> GridState:
     quad = (rtr - h @ zbar) / s2  # eq. 8
     logdet = torch.linalg.slogdet(A)[1] + (n - m) * torch.log(s2)  # eq. 9
     return GridState(quad, logdet, n, zbar.detach(), noise.detach(), mu.detach(), 0, stats)
+
+
+def sparse_columns(rows: Interpolation) -> Tensor:
+    """Dense (m, t) matrix Wᵀ of a few test rows (columns w_*)."""
+    t = rows.index.shape[0]
+    cols = torch.zeros(t, rows.num_grid, dtype=_F64, device=rows.weight.device)
+    return cols.scatter_add_(1, rows.index, rows.weight).T
+
+
+def love_term(GK: GridKernel, P: Tensor, T: Tensor):
+    """rows ↦ ‖L⁻¹ P̂ᵀ K_G w_*‖² with T = L Lᵀ (LOVE, §5.9)."""
+    L = safe_cholesky(T, name="Lanczos tridiagonal T")
+    G = torch.linalg.solve_triangular(L, GK.matmul(P).T, upper=False).T  # (m, k) = K P̂ L⁻ᵀ
+    return lambda rows: rows.matmul(G).square().sum(-1)
