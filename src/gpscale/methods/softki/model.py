@@ -103,7 +103,7 @@ import torch
 from torch import Tensor, nn
 
 from gpscale.distributions import Predictive
-from gpscale.kernels import kernel_matrix
+from gpscale.kernels import is_expression, kernel_matrix
 from gpscale.linalg.ops import safe_cholesky, upcast
 from gpscale.methods._common import (
     check_task_and_init,
@@ -218,7 +218,8 @@ class SoftKI(Method):
         the paper's), times the learned temperature factor if any
         (:func:`~gpscale.methods.softki.weights.distance_scale`)."""
         tau = None if self.log_temperature is None else self.log_temperature.exp()
-        return distance_scale(self.kernel, self.distance, tau)
+        return distance_scale(self.kernel, self.distance, tau,
+                              num_dims=self.inducing_points.shape[-1])
 
     def weights(self, x: Tensor, z: Tensor) -> Tensor:
         """W_xz (n, m): the softmax interpolation weights of x on z under :meth:`distance_scale`."""
@@ -433,7 +434,8 @@ def build_softki(num_dims: int, *, task: str = "regression", num_classes: int | 
     ind = inducing_options(init, num_inducing=num_inducing, seed=seed,
                            kmeans_max_points=kmeans_max_points)
     opts = prior_options(init, task, num_dims, kernel=kernel, ard=ard,
-                         lengthscale=PAPER_INIT if lengthscale is None else lengthscale,
+                         lengthscale=(None if is_expression(kernel) else PAPER_INIT)
+                         if lengthscale is None else lengthscale,
                          outputscale=PAPER_INIT if outputscale is None else outputscale,
                          noise=noise, mean_constant=mean_constant)
     _, kern = prior_modules(num_dims, opts)
@@ -472,9 +474,7 @@ register(MethodSpec(
         Option("noise", "float", 1e-3, "noise variance β² (the paper: fixed 1e-3)", minimum=0,
                exclusive=True),
         Option("learn_noise", "bool", False, "learn β² too"),
-        *prior_options_with(kernel="rbf", ard=True, noise=False, composed=False,
-                            names_only_why="SoftKI scales its softmax distances by the "
-                                           "kernel's own ARD lengthscales"),
+        *prior_options_with(kernel="rbf", ard=True, noise=False),
         Option("chunk_size", "int", 4096, "rows per block of the interpolation products",
                minimum=1),
         Option("calibrate_noise", "bool", True, "after training, set β² (and with held-out "

@@ -110,19 +110,24 @@ def _unit(x: Tensor) -> Tensor:
 
 
 def distance_scale(kernel: gpytorch.kernels.Kernel, distance: str,
-                   temperature: Tensor | None = None) -> Tensor | None:
+                   temperature: Tensor | None = None,
+                   num_dims: int | None = None) -> Tensor | None:
     """Per-input divisor of the softmax distances (``None``: Euclidean, the paper's).
 
     ``'lengthscale'``: the kernel's lengthscales ℓ; ``'relative'``: ℓ · rms(1/ℓ), i.e. the
     inverse lengthscales rescaled to a root mean square of 1 — the paper's weights when all
     lengthscales are equal, while an input the kernel finds irrelevant (large ℓ) drops out of
     the distances as it drops out of K_zz. ``temperature`` (a factor of τ) multiplies it.
+
+    A composed kernel (leaves with ``active_dims``, :func:`composed_lengthscale`) gives each of
+    its ``num_dims`` inputs the lengthscale its leaves give it together.
     """
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; valid: {', '.join(DISTANCES)}")
     if distance == "euclidean":
         return temperature
-    ell = _lengthscale(kernel)
+    ell = (composed_lengthscale(kernel, num_dims) if _has_active_dims(kernel)
+           else _lengthscale(kernel))
     if distance == "relative":
         ell = ell * ell.reciprocal().square().mean().sqrt()
     return ell if temperature is None else ell * temperature
@@ -136,6 +141,50 @@ def _lengthscale(kernel: gpytorch.kernels.Kernel) -> Tensor:
         raise ValueError(f"distance scaling needs a kernel with lengthscales; "
                          f"{type(base).__name__} has none (use distance='euclidean')")
     return ell.reshape(-1)
+
+
+def _has_active_dims(kernel: gpytorch.kernels.Kernel) -> bool:
+    return any(isinstance(m, gpytorch.kernels.Kernel) and m.active_dims is not None
+               for m in kernel.modules())
+
+
+def composed_lengthscale(kernel: gpytorch.kernels.Kernel, num_dims: int | None) -> Tensor:
+    """Per-input lengthscales (num_dims,) of a composed kernel for the softmax distances.
+
+    Softmax interpolation is a local average over learned points and admits any kernel for
+    K_zz; only the distances need a length per input. An input's is ℓ_eff with
+    1/ℓ_eff² = Σ 1/ℓ_l² over the leaves on it that have a lengthscale (a product's curvatures
+    add; so do a sum's where both parts vary); an input only a leaf without one (linear,
+    polynomial, constant) reads gets the median of the others (neither dominant nor ignored);
+    an input no leaf reads gets ∞ and drops out of the distances, as it is out of K_zz.
+
+    Raises:
+        ValueError: no leaf has a lengthscale (use ``distance='euclidean'``), or no num_dims.
+    """
+    if num_dims is None:
+        raise ValueError("a composed kernel's distance scale needs the number of inputs")
+    device = next(iter(kernel.parameters())).device
+    inverse = torch.zeros(num_dims, dtype=torch.float64, device=device)
+    covered = torch.zeros(num_dims, dtype=torch.bool, device=device)
+    read = torch.zeros(num_dims, dtype=torch.bool, device=device)
+    for leaf in kernel.modules():
+        if not isinstance(leaf, gpytorch.kernels.Kernel) or leaf.active_dims is None:
+            continue
+        dims = leaf.active_dims.to(device)
+        read[dims] = True
+        ell = leaf.lengthscale if leaf.has_lengthscale else None
+        if ell is None:
+            continue
+        inverse = inverse.index_add(0, dims, ell.reshape(-1).to(inverse.dtype)
+                                    .expand(len(dims)).reciprocal().square())
+        covered[dims] = True
+    if not bool(covered.any()):
+        raise ValueError("distance scaling needs a kernel with lengthscales; no leaf of this "
+                         "kernel has one (use distance='euclidean')")
+    ell = inverse.clamp_min(1e-300).rsqrt()
+    neutral = ell[covered].detach().median()
+    ell = torch.where(covered, ell, torch.where(read, neutral, torch.full_like(ell, math.inf)))
+    return ell.to(next(iter(kernel.parameters())).dtype)
 
 
 def check_options(*, noise: float, objective: str, num_probes: int, chunk_size: int,
