@@ -73,6 +73,12 @@ def model_payload(model: Method, data: tuple[Tensor, Tensor] | None = None,
     if model.needs_data_for_prediction and data is None and summary is None:
         raise ValueError(f"method {model.method_key!r} conditions on its training data to "
                          "predict; pass data=(x, y) to save it with the model")
+    own = [k for k, v in model.options.items() if isinstance(v, torch.nn.Module)]
+    if own:
+        raise ValueError(f"the option {own[0]!r} holds a {type(model.options[own[0]]).__name__} "
+                         "object of your own, which gpscale's data-only file cannot hold: "
+                         "write the kernel as an expression (guide: kernels) to save the "
+                         "model, or keep the object and pickle the model yourself")
     return {
         "key": model.method_key,
         "num_dims": model.num_dims,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import Any
 
 import gpytorch
 import torch
@@ -78,9 +79,10 @@ _NO_BATCH = torch.Size()
 _MATERN_PROFILES = {0.5: "matern12", 1.5: "matern32", 2.5: "matern52"}
 
 
-def is_expression(name: str) -> bool:
-    """Whether a ``kernel`` option is an expression rather than one of :data:`KERNELS`."""
-    return name not in _BASE_KERNELS
+def is_expression(name: Any) -> bool:
+    """Whether a ``kernel`` option is an expression rather than one of :data:`KERNELS` (or a
+    kernel object)."""
+    return isinstance(name, str) and name not in _BASE_KERNELS
 
 
 def make_kernel(name: str = "matern32", num_dims: int = 1, *, ard: bool = True,

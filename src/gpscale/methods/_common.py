@@ -27,6 +27,7 @@ mean constant   mean(y) for regression with ``init`` data, else 0
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -87,7 +88,8 @@ def prior_options(init: tuple[Tensor, Tensor] | None, task: str, num_dims: int, 
         init: training data ``(x, y)`` for data-dependent defaults, or ``None``.
         task: ``"regression"`` enables the data-dependent outputscale, noise and mean.
         num_dims: input dimension d (the default lengthscale is √d).
-        kernel: a name of :data:`gpscale.kernels.KERNELS`.
+        kernel: a name of :data:`gpscale.kernels.KERNELS`, an expression, or a GPyTorch
+            kernel object (its own hyperparameters, in the model's standardised units).
         ard: one lengthscale per input dimension.
         lengthscale: initial lengthscale(s); ``None`` for √d.
         outputscale: initial kernel variance; ``None`` for the default.
@@ -100,9 +102,11 @@ def prior_options(init: tuple[Tensor, Tensor] | None, task: str, num_dims: int, 
     Raises:
         ValueError: ``lengthscale`` with a kernel expression (its leaves take start values).
     """
-    if is_expression(kernel) and lengthscale is not None:
+    own = isinstance(kernel, gpytorch.kernels.Kernel)  # the user's own kernel object
+    if (is_expression(kernel) or own) and lengthscale is not None:
         raise ValueError("lengthscale sets the start of a named kernel; give a composed "
-                         "kernel's in its expression, e.g. 'rbf(0, lengthscale=2) + linear(1)'")
+                         "kernel's in its expression, e.g. 'rbf(0, lengthscale=2) + linear(1)', "
+                         "and a kernel object's in the object")
     var_y, mean_y = 1.0, 0.0
     if init is not None and task == "regression":
         y = init[1].double()
@@ -112,7 +116,7 @@ def prior_options(init: tuple[Tensor, Tensor] | None, task: str, num_dims: int, 
     return {
         "kernel": kernel,
         "ard": bool(ard),
-        "lengthscale": (None if is_expression(kernel)
+        "lengthscale": (None if is_expression(kernel) or own
                         else _lengthscale_value(lengthscale, num_dims, ard)),
         "outputscale": float(var_y if outputscale is None else outputscale),
         "noise": float(DEFAULT_NOISE_FRACTION * var_y if noise is None else noise),
@@ -154,6 +158,11 @@ def prior_modules(num_dims: int, opts: dict[str, Any], batch_shape: torch.Size |
     batch_shape = torch.Size() if batch_shape is None else batch_shape
     mean = gpytorch.means.ConstantMean(batch_shape=batch_shape)
     mean.initialize(constant=opts["mean_constant"])
+    if isinstance(opts["kernel"], gpytorch.kernels.Kernel):  # the user's own: a copy of it
+        if batch_shape != torch.Size():
+            raise ValueError("a kernel object serves one GP; this method needs a batch of "
+                             f"{tuple(batch_shape)} kernels: give a name or an expression")
+        return mean, copy.deepcopy(opts["kernel"])
     if is_expression(opts["kernel"]):  # start values in the expression, the rest by default
         kernel = build_kernel(opts["kernel"], num_dims, batch_shape=batch_shape,
                               outputscale=opts["outputscale"])

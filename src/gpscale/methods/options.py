@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import gpytorch
 import numpy as np
 
 from gpscale.kernels import BACKENDS, KERNELS, KernelSyntaxError, parse_kernel
@@ -76,6 +77,7 @@ class Option:
         choices_why: why only ``choices`` are valid, for the error.
         refuse: for a ``kernel`` option, a function naming why the method cannot take an
             expression (``None``: it can); the error gives that reason.
+        objects: a ``kernel`` option that also takes a GPyTorch kernel object of the user's.
     """
 
     name: str
@@ -90,6 +92,7 @@ class Option:
     minimum_why: str = ""
     choices_why: str = ""
     refuse: Callable[[str], str | None] | None = None
+    objects: bool = False
 
     def refusal(self, value: Any) -> str | None:
         """Why this ``kernel`` option refuses ``value`` (``None``: it takes it)."""
@@ -130,6 +133,9 @@ def coerce(option: Option, value: Any) -> Any:
     elif kind == "float":
         out = _to_float(option, value)
     elif kind == "str":
+        if isinstance(value, gpytorch.kernels.Kernel):  # named by its type: its repr is long
+            raise _bad(option, type(value).__name__, "this method takes a kernel by name, not "
+                       "a kernel object")
         if not isinstance(value, str):
             raise _bad(option, value, "expected text")
         out = value
@@ -146,9 +152,15 @@ def coerce(option: Option, value: Any) -> Any:
     return out
 
 
-def _to_kernel(option: Option, value: Any) -> str:
+def _to_kernel(option: Option, value: Any) -> Any:
+    if isinstance(value, gpytorch.kernels.Kernel):
+        if not option.objects:
+            raise _bad(option, type(value).__name__, "this method builds its kernel from a name "
+                       "or an expression (text), not from a kernel object")
+        return value
     if not isinstance(value, str):
-        raise _bad(option, value, "expected a kernel name or expression (text)")
+        raise _bad(option, value, "expected a kernel name or expression (text), or a GPyTorch "
+                   "kernel object")
     text = value.strip()
     if text in KERNELS:
         return text
@@ -344,7 +356,8 @@ def composed_dtype(options: Mapping[str, Any], dtype: str | None) -> str | None:
     scales differ by orders of magnitude: a smooth trend's K_zz in float32 is singular to
     working precision), else ``None`` (the method's default)."""
     kernel = options.get("kernel")
-    if dtype is None and isinstance(kernel, str) and kernel not in KERNELS:
+    if dtype is None and ((isinstance(kernel, str) and kernel not in KERNELS)
+                          or isinstance(kernel, gpytorch.kernels.Kernel)):
         return "float64"
     return dtype
 
@@ -352,17 +365,18 @@ def composed_dtype(options: Mapping[str, Any], dtype: str | None) -> str | None:
 def prior_options_with(*, kernel: str = "matern32", ard: bool = True, noise: bool = True,
                        composed: bool = True, names_only_why: str = "",
                        refuse: Callable[[str], str | None] | None = None,
-                       ) -> tuple[Option, ...]:
+                       objects: bool = False) -> tuple[Option, ...]:
     """The prior options every baseline-style method takes, with that method's defaults; the
     ``noise`` option (a GPyTorch Gaussian likelihood's) is at least
     :data:`GPYTORCH_NOISE_FLOOR`. ``composed``: the method takes kernel expressions (it needs
     only products with K), else only the names of :data:`~gpscale.kernels.KERNELS`, and an
     expression is refused with ``names_only_why``; ``refuse``: the expressions a method that
-    takes some refuses, and why (:attr:`Option.refuse`)."""
+    takes some refuses, and why (:attr:`Option.refuse`); ``objects``: it also takes a GPyTorch
+    kernel object (methods that only evaluate K)."""
     kernel_option = (
         Option("kernel", "kernel", kernel, "covariance function: a name, or an expression "
                "such as 'rbf(0,1) * periodic(2) + matern32(3:)' (guide: kernels)",
-               refuse=refuse)
+               refuse=refuse, objects=objects)
         if composed else Option("kernel", "str", kernel, "covariance function", choices=KERNELS,
                                 choices_why=names_only_why))
     opts = (
@@ -380,7 +394,7 @@ def prior_options_with(*, kernel: str = "matern32", ard: bool = True, noise: boo
     return opts if noise else tuple(o for o in opts if o.name != "noise")
 
 
-PRIOR_OPTIONS = prior_options_with()
+PRIOR_OPTIONS = prior_options_with(objects=True)
 
 AUTO_PREFIT_MIN_POINTS = 10_000
 """``prefit='auto'`` pre-fits above this many training points. Below it CaGP-Opt's O(n²) epoch is
