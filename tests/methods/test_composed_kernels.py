@@ -116,6 +116,12 @@ def test_auto_chooses_among_the_methods_that_take_the_kernel():
     grid, _ = auto.pick("regression", 2_000_000, 2, num_classes=None,
                         options={"kernel": additive})
     assert grid.method == "ggp"  # an additive expression ggp takes
+    wide, _ = auto.pick("regression", 1_000_000, 12, num_classes=None,
+                        options={"kernel": "rbf(0) + rbf(1, 2) + matern32(3:6)"})
+    assert wide.method == "ggp" and "groups of at most 3 inputs" in wide.reason
+    small, _ = auto.pick("regression", 500, 12, num_classes=None,
+                         options={"kernel": "rbf(0) + rbf(1, 2)"})
+    assert small.method == "exact"  # the exact GP fits: it stays the reference
 
 
 def test_an_expression_trains_in_float64_unless_told():

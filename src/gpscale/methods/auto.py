@@ -8,10 +8,11 @@ docs/notes/benchmarks-2026-12.md, "Evidence moved out of the code"):
 task                   data                             method and why
 =====================  ===============================  ==========================================
 regression             n ≤ 2,000 (n×n fits in memory)   ``exact``: the reference, seconds at this n
-regression             d ≤ 3                            ``ggp``: grid interpolation, each solver
-                                                        iteration O(m log m) whatever n is; as
-                                                        accurate as the exact GP on
-                                                        low-dimensional fields
+regression             d ≤ 3, or a kernel expression    ``ggp``: grid interpolation, each solver
+                       summing kernels on groups of     iteration O(m log m) whatever n is; as
+                       ≤ 3 inputs                       accurate as the exact GP on
+                                                        low-dimensional fields (additive: one
+                                                        grid per group)
 regression             n ≤ 50,000, probe ratio          ``svgp``: a probe (an exact GP on 1,000
                        ρ < 1.6                          points, seconds; :class:`Probe`) finds
                                                         that 512 inducing points miss little
@@ -332,6 +333,21 @@ def _taking_the_kernel(task: str, choice: Choice, options: Mapping[str, Any]) ->
                                      f"kernel expression, and {COMPOSED_FALLBACK} does")
 
 
+def _additive_grids(task: str, choice: Choice, options: Mapping[str, Any]) -> Choice:
+    """``ggp`` where the exact GP does not fit and the user's kernel is a sum of kernels on
+    groups of at most 3 inputs that ggp takes (one grid per group, whatever d is); else
+    ``choice``."""
+    kernel = options.get("kernel")
+    if (task != "regression" or choice.method in ("exact", "ggp")
+            or not isinstance(kernel, str) or not is_expression(kernel.strip())):
+        return choice
+    option = next(o for o in get_spec("ggp").options if o.name == "kernel")
+    if option.refusal(kernel) is not None:
+        return choice
+    return Choice("ggp", f"{choice.reason}; but the kernel is a sum of kernels on groups of at "
+                         "most 3 inputs: ggp (one grid per group, solver cost independent of n)")
+
+
 def needs_probe(task: str, n: int, d: int, *, num_classes: int | None = None,
                 memory: int | None = None, device: Any = None) -> bool:
     """Whether a :class:`Probe` of the data can change the choice: where the size rules alone
@@ -356,6 +372,6 @@ def pick(task: str, n: int, d: int, *, num_classes: int | None,
             warnings.warn(f"method auto: the probe of the data failed ({err}); choosing by "
                           "n and d alone", stacklevel=2)
     choice = choose_method(task, n, d, num_classes=num_classes, device=device, probe=measured)
-    choice = _taking_the_kernel(task, choice, options)
+    choice = _taking_the_kernel(task, _additive_grids(task, choice, options), options)
     log.info("method auto: %s", choice.reason)
     return choice, resolve_options(choice, options)
