@@ -27,8 +27,12 @@ def _problem(n=400, d=4, seed=0):
     return x, f + 0.1 * torch.randn(n, dtype=_F64, generator=g)
 
 
-def _model(x, y, **options) -> AdditiveGGP:
-    model = build("ggp", x.shape[1], init=(x, y), kernel=KERNEL, **options)
+PRODUCTS = "rbf(0) * rbf(1) + matern32(2) * matern32(3)"
+"""Products of one profile on disjoint inputs: a Kronecker product on each group's grid."""
+
+
+def _model(x, y, kernel=KERNEL, **options) -> AdditiveGGP:
+    model = build("ggp", x.shape[1], init=(x, y), kernel=kernel, **options)
     assert isinstance(model, AdditiveGGP)
     return model.double()
 
@@ -56,9 +60,10 @@ def test_the_statistics_are_the_stacked_rows_gram_and_do_not_depend_on_chunks():
     torch.testing.assert_close(gram, one.gram, rtol=1e-12, atol=1e-12)
 
 
-def test_the_likelihood_is_ski_on_the_same_grids_and_near_the_exact_additive_gp():
+@pytest.mark.parametrize("kernel", [KERNEL, PRODUCTS])
+def test_the_likelihood_is_ski_on_the_same_grids_and_near_the_exact_additive_gp(kernel):
     x, y = _problem()
-    model = _model(x, y, solver="dense")
+    model = _model(x, y, kernel=kernel, solver="dense")
     n = x.shape[0]
     state = model.condition(x, y)
     with torch.no_grad():
@@ -101,10 +106,14 @@ def test_the_solvers_agree_with_the_dense_reference():
             assert torch.allclose(grads[k], ref_grads[k], rtol=0.2, atol=0.02), k
 
 
-@pytest.mark.parametrize("variance", ["auto", "exact", "lanczos"])
-def test_the_predictive_matches_the_exact_additive_gp(variance):
+@pytest.mark.parametrize("variance, kernel, grid", [
+    ("auto", KERNEL, None), ("exact", KERNEL, None), ("lanczos", KERNEL, None),
+    ("auto", PRODUCTS, 64),  # Matérn-3/2 factors: a finer grid for the same interpolation error
+])
+def test_the_predictive_matches_the_exact_additive_gp(variance, kernel, grid):
     x, y = _problem()
-    model = _model(x, y, variance=variance, rtol=1e-10, variance_rank=400)
+    model = _model(x, y, kernel=kernel, variance=variance, rtol=1e-10, variance_rank=400,
+                   grid_size=grid)
     g = torch.Generator().manual_seed(1)
     x_test = torch.randn(60, 4, dtype=_F64, generator=g)
     x_test[:10, 3] = 1e4  # beyond the reach of the last group's grid: its prior there
@@ -125,7 +134,7 @@ def test_the_predictive_matches_the_exact_additive_gp(variance):
 
 def test_what_ggp_cannot_interpolate_is_refused_in_one_line():
     spec = get_spec("ggp")
-    for text, why in [("rbf(0) * rbf(1)", "a product within a term"),
+    for text, why in [("rbf(0) * matern32(1)", "must be of one kind"),
                       ("rbf(0) + periodic(1)", "'periodic' is not stationary"),
                       ("rbf(0) + rq(1)", "no Toeplitz form"),
                       ("rbf(0) + matern52", "takes every input")]:
@@ -135,6 +144,10 @@ def test_what_ggp_cannot_interpolate_is_refused_in_one_line():
     x, y = _problem(n=50)
     with pytest.raises(ValueError, match="on 4 inputs; a GGP grid takes at most 3"):
         build("ggp", 4, init=(x, y), kernel="rbf(0:4)")
+    with pytest.raises(ValueError, match="share an input"):
+        build("ggp", 4, init=(x, y), kernel="rbf(0, 1) * rbf(1)")
+    with pytest.raises(ValueError, match="one input per factor"):
+        build("ggp", 4, init=(x, y), kernel="matern32(0, 1) * matern32(2)")
     with pytest.raises(ValueError, match="dense WᵀW needs"):
         build("ggp", 4, init=(x, y), kernel="rbf(0, 1) + rbf(2, 3)", grid_size=100)
     with pytest.raises(ValueError, match="one per input of each group"):
@@ -167,3 +180,18 @@ def test_more_than_three_inputs_in_groups_through_the_cli(tmp_path):
                  str(tmp_path / "d.csv"), "--out", str(tmp_path / "p.csv")]) == 0
     lines = (tmp_path / "p.csv").read_text().splitlines()
     assert len(lines) == 801
+
+
+def test_a_product_of_one_kind_is_the_kronecker_kernel_on_its_grid():
+    """K_G of ``matern32(2) * matern32(3)`` equals GPyTorch's product kernel at the grid's
+    nodes (a per-input Kronecker product, not Matérn of the joint distance)."""
+    x, y = _problem(n=50)
+    model = _model(x, y, kernel=PRODUCTS, grid_size=6)
+    grid = model.grids[1]
+    nodes = grid.points()
+    K_G = model._block_kernel(model.grids).kernels[1].to_dense()
+    term = model._terms()[1]
+    full = torch.zeros(len(nodes), 4, dtype=_F64)
+    full[:, 2:] = nodes
+    with torch.no_grad():
+        torch.testing.assert_close(K_G, term(full, full).to_dense(), rtol=1e-10, atol=1e-12)

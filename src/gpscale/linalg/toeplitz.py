@@ -109,7 +109,7 @@ def _embedding_column(t: Tensor) -> Tensor:
 
 
 def grid_kernel(grid: Grid, profile: str, lengthscale: Tensor, outputscale: Tensor,
-                structure: str | None = None) -> GridKernel:
+                structure: str | None = None, per_input: bool = False) -> GridKernel:
     """K_G of ``outputscale · φ(‖(x − x')/ℓ‖²)`` on ``grid``; differentiable in ℓ and s.
 
     Args:
@@ -119,6 +119,9 @@ def grid_kernel(grid: Grid, profile: str, lengthscale: Tensor, outputscale: Tens
         outputscale: scalar s.
         structure: ``'kron'`` (exact for RBF, or any profile when d = 1) or ``'bttb'`` (exact for
             any stationary profile); default: kron where it is exact, else bttb.
+        per_input: the kernel is the product of the profile on each input alone,
+            ``s · Π_j φ((x_j − x'_j)²/ℓ_j²)`` (a product of one-input kernels; the same as
+            ``per_input=False`` for RBF), a Kronecker product for any profile.
 
     Raises:
         ValueError: an unknown profile or structure, or ``'kron'`` for a non-product kernel.
@@ -126,7 +129,7 @@ def grid_kernel(grid: Grid, profile: str, lengthscale: Tensor, outputscale: Tens
     if profile not in PROFILES:
         raise ValueError(f"unknown kernel profile {profile!r}; valid: {', '.join(PROFILES)}")
     d = grid.num_dims
-    separable = profile == "rbf" or d == 1
+    separable = profile == "rbf" or d == 1 or per_input
     structure = structure or ("kron" if separable else "bttb")
     if structure not in ("kron", "bttb"):
         raise ValueError(f"unknown K_G structure {structure!r}; valid: kron, bttb")
@@ -139,13 +142,17 @@ def grid_kernel(grid: Grid, profile: str, lengthscale: Tensor, outputscale: Tens
     device = ell.device  # the spectra live with the hyperparameters
     delta = torch.arange(q, dtype=_F64, device=device) - (grid.support - 1)
     local_axes = [(delta * grid.spacing[j] / ell[j]) ** 2 for j in range(d)]
-    local_r2 = sum(torch.meshgrid(*local_axes, indexing="ij")) if d > 1 else local_axes[0]
-    local = scale * _profile(profile, local_r2).reshape(-1)
+    if per_input and d > 1:
+        local = scale * math.prod(torch.meshgrid(*[_profile(profile, a) for a in local_axes],
+                                                 indexing="ij")).reshape(-1)
+    else:
+        local_r2 = sum(torch.meshgrid(*local_axes, indexing="ij")) if d > 1 else local_axes[0]
+        local = scale * _profile(profile, local_r2).reshape(-1)
     if structure == "kron":
         spectra = []
         for j, m_j in enumerate(grid.sizes):
             lag = torch.arange(m_j, dtype=_F64, device=device) * grid.spacing[j] / ell[j]
-            t = _profile("rbf", lag**2) if d > 1 else _profile(profile, lag**2)
+            t = _profile("rbf", lag**2) if d > 1 and not per_input else _profile(profile, lag**2)
             spectra.append(torch.fft.rfft(_embedding_column(t)).real)
         return GridKernel(grid.sizes, "kron", tuple(spectra), scale, local)
     axes = []

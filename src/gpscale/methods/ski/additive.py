@@ -13,9 +13,10 @@ the whitened solve's preconditioner is block diagonal (each group's Kronecker on
 on one input) and the factorized CG otherwise.
 
 What a group admits: one stationary profile (RBF, Matérn ½, 3/2, 5/2) on at most three inputs,
-with its own ARD lengthscales and outputscale. Periodic, linear, polynomial and rational
-quadratic kernels have no Toeplitz form on the grid this code builds, and a product of two
-kernels in one term would need its own grid over their union: write one kernel over the group.
+with its own ARD lengthscales and outputscale, or a product of kernels of one profile on
+disjoint inputs (RBF on any, Matérn one input per factor: a Kronecker product on the group's
+grid). Periodic, linear, polynomial and rational quadratic kernels have no Toeplitz form on the
+grid this code builds.
 
 Grid sizes per group: :data:`ADDITIVE_GRID_SIZE` points per input by the group's size (smaller
 than one grid's defaults: M = Σ_g m_g sets the dense WᵀW's M² memory and product cost); one
@@ -88,18 +89,19 @@ def additive_refusal(text: str) -> str | None:
     except KernelSyntaxError:
         return None  # the option's parser names the position
     for term in spec.terms:
-        if len(term) > 1:
-            return ("GGP grids each term of a sum on its own inputs; a product within a term "
-                    "would need one grid over their union: write one kernel over the group")
-        leaf = term[0]
-        if leaf.name not in _PROFILES:
-            why = ("is not stationary" if leaf.name not in STATIONARY else
-                   "has no Toeplitz form on the grid here")
-            return (f"GGP interpolates sums of RBF and Matérn kernels on at most {MAX_DIMS} "
-                    f"inputs each; {leaf.name!r} {why}")
-        if leaf.columns is None:
-            return (f"each term of an additive GGP needs its inputs (at most {MAX_DIMS}), e.g. "
-                    f"{leaf.name}(0, 1); {leaf.text!r} takes every input")
+        for leaf in term:
+            if leaf.name not in _PROFILES:
+                why = ("is not stationary" if leaf.name not in STATIONARY else
+                       "has no Toeplitz form on the grid here")
+                return (f"GGP interpolates sums of RBF and Matérn kernels on at most {MAX_DIMS} "
+                        f"inputs each; {leaf.name!r} {why}")
+            if leaf.columns is None:
+                return (f"each term of an additive GGP needs its inputs (at most {MAX_DIMS}), "
+                        f"e.g. {leaf.name}(0, 1); {leaf.text!r} takes every input")
+        if len(term) > 1 and len({leaf.name for leaf in term}) > 1:
+            return ("a product within a term is one grid over the union of its inputs, a "
+                    "Kronecker product of one profile: its kernels must be of one kind, not "
+                    f"{' and '.join(sorted({leaf.name for leaf in term}))}")
     return None
 
 
@@ -113,13 +115,32 @@ def additive_terms(text: str, num_dims: int) -> tuple[KernelSpec, list[str], lis
     if why is not None:
         raise ValueError(f"kernel {text!r}: {why}")
     spec = parse_kernel(text)
-    columns = [cols[0] for cols in spec.resolve(num_dims)]
-    for term, cols in zip(spec.terms, columns, strict=True):
+    columns = []
+    for term, leaf_cols in zip(spec.terms, spec.resolve(num_dims), strict=True):
+        cols = [j for c in leaf_cols for j in c]
+        where = " * ".join(leaf.text for leaf in term)
+        if len(set(cols)) < len(cols):
+            raise ValueError(f"kernel {text!r}: the factors of {where!r} share an input; a "
+                             "product on one grid needs disjoint inputs")
         if len(cols) > MAX_DIMS:
-            raise ValueError(f"kernel {text!r}: the term {term[0].text!r} is on {len(cols)} "
-                             f"inputs; a GGP grid takes at most {MAX_DIMS} (split it into "
-                             "smaller groups, or use svgp or cagp-opt)")
+            raise ValueError(f"kernel {text!r}: the term {where!r} is on {len(cols)} inputs; a "
+                             f"GGP grid takes at most {MAX_DIMS} (split it into smaller groups, "
+                             "or use svgp or cagp-opt)")
+        if len(term) > 1 and term[0].name != "rbf" and any(len(c) > 1 for c in leaf_cols):
+            raise ValueError(f"kernel {text!r}: in {where!r} a Matérn factor on several inputs "
+                             "is not a product over them; a product of Matérn kernels on the "
+                             "grid takes one input per factor")
+        columns.append(cols)
     return spec, [_PROFILES[term[0].name] for term in spec.terms], columns
+
+
+def term_lengthscale(term) -> Tensor:
+    """The lengthscales (d_g,) of a term (a ScaleKernel) over its inputs in order: one
+    leaf's, or a product's leaves' concatenated (each broadcast over its own inputs)."""
+    base = term.base_kernel
+    leaves = list(base.kernels) if hasattr(base, "kernels") else [base]
+    return torch.cat([leaf.lengthscale.reshape(-1).expand(len(leaf.active_dims))
+                      for leaf in leaves])
 
 
 def resolve_additive_grids(columns: list[list[int]], init, grid_size, grid_bounds,
@@ -257,8 +278,9 @@ class AdditiveGGP(HeldOutNoise, Method):
     def _block_kernel(self, grids: list[Grid]) -> BlockGridKernel:
         blocks = []
         for term, grid, profile in zip(self._terms(), grids, self.profiles, strict=True):
-            ell = term.base_kernel.lengthscale.reshape(-1)
-            blocks.append(grid_kernel(grid, profile, ell, term.outputscale.reshape(())))
+            product = hasattr(term.base_kernel, "kernels")  # one profile's Kronecker product
+            blocks.append(grid_kernel(grid, profile, term_lengthscale(term),
+                                      term.outputscale.reshape(()), per_input=product))
         return BlockGridKernel(tuple(blocks))
 
     def statistics(self, data, chunk_size: int = 100_000) -> AdditiveStatistics:
@@ -323,7 +345,7 @@ class AdditiveGGP(HeldOutNoise, Method):
             term = self._variance_term(GK, stats)
             reach = [(torch.tensor(lo, dtype=_F64, device=x_test.device),
                       torch.tensor(hi, dtype=_F64, device=x_test.device),
-                      t.base_kernel.lengthscale.to(_F64))
+                      term_lengthscale(t).to(_F64)[None])
                      for (lo, hi), t in zip((g.bounds() for g in grids), self._terms(),
                                             strict=True)]
             scales = [t.outputscale.to(_F64).reshape(()) for t in self._terms()]
