@@ -4,7 +4,9 @@ The statistics are computed on the training rows and then applied, unchanged, to
 (test points, new inputs at predict time), so nothing about the test set leaks into the model.
 
 Notation: inputs ``x`` (n, d), targets ``y`` (n,). A column is *constant* when all its training
-values are equal (in float64); such a column carries no information for a stationary kernel and
+values are equal (in float64), or spread by less than the smallest normal float64 (2.2e-308, by
+which any other value would standardise to infinity); such a column carries no information for a
+stationary kernel and
 would give a zero standard deviation, so it is dropped and ``kept_columns`` records which columns
 remain. Any other column is kept, at any scale: the statistics are computed on the column's
 differences from its first value, divided by the largest of them (:func:`_column_stats`), so
@@ -110,7 +112,9 @@ class Standardizer:
         if not standardize_x:  # the identity on every column
             mean_all, low_all = torch.zeros_like(mean_all), torch.zeros_like(low_all)
             std_all = torch.ones_like(std_all)
-        keep = (std_all > 0).nonzero().flatten()  # (d_kept,)
+        # a spread below the smallest normal float64 is no scale to standardise by: any other
+        # value divided by it overflows, so such a column counts as constant
+        keep = (std_all > torch.finfo(torch.float64).tiny).nonzero().flatten()  # (d_kept,)
         if keep.numel() == 0:
             raise ValueError(f"all {x.shape[1]} input columns are constant on the training set")
         mean, low, std = mean_all[keep], low_all[keep], std_all[keep]
