@@ -21,7 +21,9 @@ d = 9, i = 512, float32), forward and backward, for the native row kernels
 
 (d) A composed kernel, a sum of two stationary kernels on halves of the inputs
 (:data:`COMPOSED`), against one kernel on all of them, n = 20,000, forward and forward +
-backward, side by side (:func:`_composed_rows`).
+backward, side by side (:func:`_composed_rows`): the composed product's native forward, its
+compiled tiles and GPyTorch's composition next to the single kernel's native and compiled
+products.
 
 ``quick=True`` shrinks n (2,000 and 4,000) for a smoke test. Times are the best of 3 runs
 after one warm-up run (the warm-up includes ``torch.compile``); the GEMM rate is the best of
@@ -34,14 +36,16 @@ import importlib.util
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpscale.benchmarks.memory import peak_memory_mb
-from gpscale.kernels import build_kernel, kernel_matmul, kernel_matrix, make_kernel
+from gpscale.kernels import build_kernel, composed_terms, kernel_matmul, kernel_matrix, make_kernel
 from gpscale.linalg import native
+from gpscale.linalg.composed import composed_matmul
 from gpscale.linalg.fused import wait_for_compilation
 from gpscale.linalg.operators.block_sparse import BlockLayout, symmetric_kernel_product
 from gpscale.report import write_results
@@ -184,26 +188,40 @@ COMPOSED = "matern32(0:4) + rbf(4:8)"
 def _composed_rows(n: int, repeats: int) -> list[dict[str, Any]]:
     """A sum of two stationary kernels (:data:`COMPOSED`) against one kernel on all the inputs,
     side by side in one loop (forward, and forward + backward with gradients for the inputs,
-    right-hand sides and hyperparameters): the composed product ('auto': its fused tiles), the
-    same kernel through GPyTorch's composition ('eager'), the single kernel by 'auto' and by
-    'compiled'. ``ratio`` is each time over the single kernel's fastest."""
+    right-hand sides and hyperparameters): the composed product by 'auto' (its forward in C,
+    :func:`gpscale.linalg.native.composed_product`, where the native kernels build), by its
+    compiled tiles, and through GPyTorch's composition ('eager'); the single kernel by 'native'
+    (where it builds: forward :func:`~gpscale.linalg.native.dense_product`, with gradients the
+    compiled tiles) and by 'compiled'. ``ratio`` is each time over the single kernel's fastest,
+    in the forward the native one: 'composed (auto)' there is native composed over native
+    single."""
     single, x, rhs = _problem(n)
     composed = build_kernel(COMPOSED, NUM_DIMS).to(DTYPE)
-    runs = {"composed (auto)": (composed, "auto"), "composed (eager)": (composed, "eager"),
-            "single (auto)": (single, "auto"), "single (compiled)": (single, "compiled")}
+
+    def tiles(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return composed_matmul(composed_terms(composed), a, a, v, native_forward=False)
+
+    runs: dict[str, tuple[Any, Callable[..., torch.Tensor]]] = {
+        name: (kernel, partial(_self_product, kernel, backend))
+        for name, kernel, backend in [("composed (auto)", composed, "auto"),
+                                      ("composed (eager)", composed, "eager"),
+                                      ("single (native)", single, "native"),
+                                      ("single (compiled)", single, "compiled")]
+        if backend != "native" or native.available(x)}
+    runs["composed (compiled tiles)"] = (composed, tiles)
     best = {(name, part): float("inf") for name in runs for part in ("forward", "fwd+bwd")}
     for rep in range(repeats + 1):  # the first round warms up (compilation)
         if rep == 1:
             wait_for_compilation()
-        for name, (kernel, backend) in runs.items():
+        for name, (kernel, product) in runs.items():
             log.info("kernels: composed row, %s, n=%d", name, n)
             with torch.no_grad():
                 start = time.perf_counter()
-                kernel_matmul(kernel, x, x, rhs, backend=backend)
+                product(x, rhs)
                 forward = time.perf_counter() - start
             a, v = x.clone().requires_grad_(), rhs.clone().requires_grad_()
             start = time.perf_counter()
-            kernel_matmul(kernel, a, a, v, backend=backend).square().sum().backward()
+            product(a, v).square().sum().backward()
             both = time.perf_counter() - start
             kernel.zero_grad()
             if rep:
@@ -211,11 +229,15 @@ def _composed_rows(n: int, repeats: int) -> list[dict[str, Any]]:
                 best[name, "fwd+bwd"] = min(best[name, "fwd+bwd"], both)
     rows = []
     for part in ("forward", "fwd+bwd"):
-        fastest = min(best["single (auto)", part], best["single (compiled)", part])
+        fastest = min(best[name, part] for name in runs if name.startswith("single"))
         rows += [{"measure": f"composed {part}", "backend": name, "n": n,
                   "seconds": best[name, part], "entries_per_s": n * n / best[name, part],
                   "ratio": best[name, part] / fastest} for name in runs]
     return rows
+
+
+def _self_product(kernel, backend: str, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return kernel_matmul(kernel, x, x, v, backend=backend)
 
 
 def run(out_dir: Path | str, *, quick: bool = False, device: str | None = None,

@@ -5,25 +5,37 @@ times a product of RBF / Matérn profiles on groups of input columns,
     K(x, x') = \sum_t s_t \prod_{l \in t} φ_l\big(‖(x_{c_l} − x'_{c_l}) / ℓ_l‖²\big).
 
 GPyTorch evaluates such a kernel term by term, each a dense block of its own, then sums them;
-here every tile of K is built once — one inner product per leaf on its columns, its profile
-applied in place, the products and the weighted sum formed in the tile — and multiplied into
-the right-hand sides by one GEMM, so the cost over a single kernel on all the columns is the
-extra profiles, not extra GEMMs. K is never stored: tiles of at most
-:func:`~gpscale.linalg.fused.tile_entries` entries. Gradients (inputs, right-hand sides,
-lengthscales, output scales) recompute each chunk of rows under autograd.
+here every tile of K is built once — each leaf's distances on its columns, its profile, the
+products and the weighted sum formed in the tile — and multiplied into the right-hand sides at
+once, so the cost over a single kernel on all the columns is the extra profiles, not extra
+products. K is never stored. The forward runs
+
+- natively (:func:`gpscale.linalg.native.composed_product`) on CPU float32/float64 inputs when
+  the C kernels are available and the leaves' columns number at most
+  :data:`~gpscale.linalg.native.DENSE_MAX_DIMS` in all: each leaf's scaled columns gathered side
+  by side, C panels of kernel values multiplied into the right-hand sides by vector
+  micro-kernels, all rows in one call (symmetric, each off-diagonal pair evaluated once, for
+  ``x1 is x2``);
+- otherwise as compiled tiles of at most :func:`~gpscale.linalg.fused.tile_entries` entries:
+  one inner-product GEMM per leaf, its profile in place, then one GEMM with the right-hand
+  sides.
+
+Gradients (inputs, right-hand sides, lengthscales, output scales) recompute each chunk of rows
+under autograd, whichever forward ran.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from gpscale.linalg import fused
+from gpscale.linalg import fused, native
 from gpscale.linalg.chunked import ChunkRule, autograd_rule, chunked_product
 
-__all__ = ["ComposedLeaf", "ComposedTerm", "composed_matmul"]
+__all__ = ["ComposedLeaf", "ComposedTerm", "composed_matmul", "native_applies"]
 
 
 @dataclass(frozen=True)
@@ -86,15 +98,17 @@ def _tile(terms: tuple[ComposedTerm, ...], a: Tensor, b: Tensor) -> Tensor:
 
 
 def composed_matmul(terms: tuple[ComposedTerm, ...], x1: Tensor, x2: Tensor, rhs: Tensor,
-                    chunk: int | None = None) -> Tensor:
+                    chunk: int | None = None, *, native_forward: bool = True) -> Tensor:
     """K(x1, x2) @ rhs for the composed kernel ``terms`` (module docstring).
 
     Args:
         terms: the kernel's terms.
         x1, x2, rhs: (n1, d), (n2, d), (n2, k).
-        chunk: rows of x1 per chunk (default :func:`fused.default_rows`); the forward tiles
-            the columns, the backward recomputes at most ``fused.tile_entries`` entries at a
-            time.
+        chunk: rows of x1 per chunk of the forward (default: all rows on the native path,
+            :func:`fused.default_rows` on the tiles, which also tile the columns); the backward
+            recomputes at most ``fused.tile_entries`` entries at a time.
+        native_forward: run the forward in C where :func:`native_applies`; False keeps the
+            compiled tiles.
     """
     if x1.dim() != 2 or x2.dim() != 2 or rhs.dim() != 2:
         raise ValueError("composed_matmul takes 2-D inputs and right-hand sides (no batch)")
@@ -121,9 +135,48 @@ def composed_matmul(terms: tuple[ComposedTerm, ...], x1: Tensor, x2: Tensor, rhs
         total[0] = torch.cat(rows_grads) if needs[0] else None
         return tuple(total)
 
-    rule = ChunkRule(forward=lambda a, b, v: _fused_forward(terms, a, b, v), vjp=vjp,
-                     params=recompute.params)
-    return chunked_product(rule, x1, x2, rhs, chunk_size=chunk or fused.default_rows(x1))
+    if native_forward and native_applies(terms, x1, x2, rhs):
+        symmetric = x1 is x2  # one chunk of all rows then takes the symmetric C product
+
+        def forward(a: Tensor, b: Tensor, v: Tensor) -> Tensor:
+            whole = symmetric and a.shape[0] == x1.shape[0]
+            return _native_forward(terms, a, None if whole else b, v)
+
+        chunk = chunk or max(1, x1.shape[0])
+    else:
+        forward = partial(_fused_forward, terms)
+        chunk = chunk or fused.default_rows(x1)
+    rule = ChunkRule(forward=forward, vjp=vjp, params=recompute.params)
+    return chunked_product(rule, x1, x2, rhs, chunk_size=chunk)
+
+
+def native_applies(terms: tuple[ComposedTerm, ...], x1: Tensor, x2: Tensor, rhs: Tensor) -> bool:
+    """Whether the forward can run in C: CPU float32/float64 inputs, right-hand sides and
+    hyperparameters of one dtype, the native kernels available, and the leaves' columns at most
+    :data:`~gpscale.linalg.native.DENSE_MAX_DIMS` in all."""
+    params = [t for term in terms for t in (term.outputscale,
+                                            *(leaf.lengthscale for leaf in term.leaves))]
+    width = sum(leaf.dims.numel() for term in terms for leaf in term.leaves)
+    return (len(terms) > 0 and width <= native.DENSE_MAX_DIMS and native.available(x1)
+            and all(t.dtype == x1.dtype and t.device == x1.device for t in (x2, rhs, *params)))
+
+
+def _gathered(terms: tuple[ComposedTerm, ...], x: Tensor) -> Tensor:
+    """Each leaf's columns of x divided by its lengthscales, side by side in leaf order
+    (n, Σ_l |c_l|): the layout of :func:`gpscale.linalg.native.composed_product`."""
+    return torch.cat([x[:, leaf.dims] / leaf.lengthscale.detach().reshape(-1)
+                      for term in terms for leaf in term.leaves], dim=-1)
+
+
+def _native_forward(terms: tuple[ComposedTerm, ...], a: Tensor, b: Tensor | None,
+                    v: Tensor) -> Tensor:
+    """K(a, b) @ v by the C panel product (``b=None``: K(a, a) @ v, symmetric)."""
+    with torch.no_grad():
+        spec = [(float(term.outputscale),
+                 [(leaf.profile, leaf.dims.numel()) for leaf in term.leaves]) for term in terms]
+        z1 = _gathered(terms, a)
+        z2 = None if b is None else _gathered(terms, b)
+        return native.composed_product(spec, z1, z2, v)
 
 
 def _fused_forward(terms: tuple[ComposedTerm, ...], a: Tensor, b: Tensor, v: Tensor) -> Tensor:

@@ -1,5 +1,6 @@
-"""Native CPU kernels: the block-sparse kernel product (CaGP-Opt's K S and its adjoint) and the
-dense product K V (:func:`dense_product`).
+"""Native CPU kernels: the block-sparse kernel product (CaGP-Opt's K S and its adjoint), the
+dense product K V (:func:`dense_product`) and the same for a composed kernel, a sum of scaled
+products of profiles on column groups (:func:`composed_product`).
 
 The tile path (:func:`gpscale.linalg.operators.block_sparse.symmetric_kernel_product`) forms
 each tile's kernel entries through ``torch`` operations: the backward pass evaluates every tile
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import logging
 import os
 import platform
@@ -34,6 +36,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,8 +45,9 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 __all__ = ["BLOCK_SPARSE_MAX_DIMS", "DENSE_MAX_DIMS", "PROFILE_IDS", "available",
-           "block_sparse_forward", "dense_product", "kernel_matrix", "suits_block_sparse",
-           "suits_dense", "symmetric_block_sparse_product", "symmetric_rounds"]
+           "block_sparse_forward", "composed_product", "dense_product", "kernel_matrix",
+           "suits_block_sparse", "suits_dense", "symmetric_block_sparse_product",
+           "symmetric_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +142,9 @@ def _build() -> ctypes.CDLL:
         dense.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64,
                           ctypes.c_int, i64]
         dense.restype = None
+        composed = getattr(library, f"composed_product_{sfx}")
+        composed.argtypes = [i64, ptr, ptr, ptr, *dense.argtypes[1:]]
+        composed.restype = None
         getattr(library, f"vector_width_{sfx}").restype = ctypes.c_int
         rows = getattr(library, f"kernel_rows_{sfx}")
         rows.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, i64, i64, ptr, i64]
@@ -321,30 +328,82 @@ def dense_product(profile: str, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> T
     product splits its rows among ``torch.get_num_threads()`` workers, or, with fewer rows than
     that takes, its columns (one output each, summed).
     """
-    _profile_id(profile)
-    symmetric = z2 is None
-    if {rhs.dtype, (z1 if symmetric else z2).dtype} != {z1.dtype} or not available(z1):
-        raise ValueError(f"dense_product needs CPU float32 or float64 inputs of one dtype; got "
+    pid = _profile_id(profile)
+    z1, z2, rhs = _dense_inputs("dense_product", z1, z2, rhs)
+    product = _fn("dense_product", z1.dtype)
+    return _panel_product(lambda *args: product(pid, *args), z1, z2, rhs)
+
+
+def composed_product(terms: Sequence[tuple[float, Sequence[tuple[str, int]]]], z1: Tensor,
+                     z2: Tensor | None, rhs: Tensor) -> Tensor:
+    r"""K(z1, z2) @ rhs, (t, k), for a composed kernel on the CPU; no autograd.
+
+    .. math::
+        K(z_p, z_q) = \sum_t s_t \prod_{l \in t} φ_l\big(‖z_{p, c_l} − z_{q, c_l}‖²\big),
+
+    ``terms`` lists (s_t, leaves) and each leaf (profile, width): the leaves' coordinate spans
+    c_l follow one another in the order listed, so z1 (t, D) and z2 (n, D) hold each leaf's
+    columns, already divided by its lengthscales, side by side (D the total width). The panels,
+    threading, padding and ``z2=None`` (the symmetric product) are :func:`dense_product`'s;
+    each panel entry is the sum over terms of the product of the leaves' profiles.
+
+    Raises:
+        ValueError: an unknown profile, widths not summing to D, a term without leaves, or
+            inputs :func:`dense_product` would refuse.
+    """
+    leaves = [(_profile_id(profile), int(width)) for _, term in terms for profile, width in term]
+    if any(len(term) == 0 for _, term in terms) or any(w < 1 for _, w in leaves) or (
+            sum(w for _, w in leaves) != z1.shape[-1]):
+        raise ValueError(f"composed_product needs terms of one or more leaves whose widths (≥ 1) "
+                         f"sum to the inputs' {z1.shape[-1]} columns; got "
+                         f"{[[w for _, w in term] for _, term in terms]}")
+    z1, z2, rhs = _dense_inputs("composed_product", z1, z2, rhs)
+    starts = [0, *itertools.accumulate(w for _, w in leaves)][:-1]
+    leaf = torch.tensor([[pid, start, width] for (pid, width), start in zip(leaves, starts,
+                                                                            strict=True)],
+                        dtype=torch.int64)  # (L, 3): profile, first column, width
+    term_end = torch.tensor(list(itertools.accumulate(len(term) for _, term in terms)),
+                            dtype=torch.int64)
+    scale = torch.tensor([float(s) for s, _ in terms], dtype=z1.dtype)
+    product = _fn("composed_product", z1.dtype)
+
+    def call(*args) -> None:
+        product(len(terms), term_end.data_ptr(), scale.data_ptr(), leaf.data_ptr(), *args)
+
+    return _panel_product(call, z1, z2, rhs)
+
+
+def _dense_inputs(name: str, z1: Tensor, z2: Tensor | None,
+                  rhs: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+    """z1, z2 and rhs checked (CPU float32/64 of one dtype, (t, d), (n, d), (n, k)) and detached;
+    a ValueError naming ``name`` and the offending shapes or dtypes otherwise."""
+    columns = z1 if z2 is None else z2
+    if {rhs.dtype, columns.dtype} != {z1.dtype} or not available(z1):
+        raise ValueError(f"{name} needs CPU float32 or float64 inputs of one dtype; got "
                          f"z1 {z1.dtype} on {z1.device}, rhs {rhs.dtype}")
-    columns = z1 if symmetric else z2
     if z1.dim() != 2 or columns.dim() != 2 or columns.shape[1] != z1.shape[1] or (
             rhs.dim() != 2 or rhs.shape[0] != columns.shape[0]):
-        raise ValueError(f"dense_product needs z1 (t, d), z2 (n, d) and rhs (n, k); got z1 "
+        raise ValueError(f"{name} needs z1 (t, d), z2 (n, d) and rhs (n, k); got z1 "
                          f"{tuple(z1.shape)}, z2 {tuple(columns.shape)}, rhs {tuple(rhs.shape)}")
-    z1 = z1.detach().contiguous()
-    z2 = z1 if symmetric else z2.detach().contiguous()
+    return z1.detach(), None if z2 is None else z2.detach(), rhs.detach()
+
+
+def _panel_product(product, z1: Tensor, z2: Tensor | None, rhs: Tensor) -> Tensor:
+    """The threading of :func:`dense_product` around ``product(n, d, z1, zT, rhs, kp, out, r0,
+    r1, c0, c1, mirror, span)``, a C panel product (``panel_product`` in the C source)."""
+    symmetric = z2 is None
+    z1 = z1.contiguous()
+    z2 = z1 if symmetric else z2.contiguous()
     zT, (t, d), (n, k) = z2.mT.contiguous(), z1.shape, rhs.shape
     if t == 0 or n == 0 or k == 0:
         return rhs.new_zeros(t, k)
     width = _fn("vector_width", z1.dtype)()
     padded = k if k == 1 or k % width == 0 else -(-k // width) * width
-    rhs = rhs.detach().contiguous() if padded == k else torch.nn.functional.pad(
-        rhs.detach(), (0, padded - k))
+    rhs = rhs.contiguous() if padded == k else torch.nn.functional.pad(rhs, (0, padded - k))
     span = max(1, _SPAN_BYTES // (padded * rhs.element_size()))
-    product, pid = _fn("dense_product", z1.dtype), PROFILE_IDS[profile]
 
     def run(out: Tensor, r0: int, r1: int, c0: int, c1: int, mirror: int) -> None:
-        product(pid, n, d, z1.data_ptr(), zT.data_ptr(), rhs.data_ptr(), padded, out.data_ptr(),
+        product(n, d, z1.data_ptr(), zT.data_ptr(), rhs.data_ptr(), padded, out.data_ptr(),
                 r0, r1, c0, c1, mirror, span)
 
     threads = _threads()

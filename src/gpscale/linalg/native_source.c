@@ -1,5 +1,6 @@
-/* Row kernels of the block-sparse kernel product Φ S and its adjoint, and the fused dense product
- * Φ V (gpscale.linalg.native).
+/* Row kernels of the block-sparse kernel product Φ S and its adjoint, and the fused dense products
+ * Φ V and K V, K a composed kernel (sum of scaled products of profiles on column groups)
+ * (gpscale.linalg.native).
  *
  * Φ_pq = φ(D²_pq), D²_pq = ‖z_p − z_q‖² formed from differences (exact: D²_pp = 0), φ one of
  * the stationary profiles below. S is block-sparse: column b of S holds the action entries
@@ -287,7 +288,7 @@ void FN(kernel_rows)(int profile, int64_t n, int64_t d, const REAL *zr, const RE
         }
 }
 
-/* ---- The dense product Φ(z_rows, z_cols) V, fused ------------------------------------------
+/* ---- The dense product K(z_rows, z_cols) V, fused -------------------------------------------
  * Rows are taken MR at a time against chunks of KC columns: the MR × KC kernel values are filled
  * into a panel that stays in L1, and register-blocked micro-kernels multiply it at once into the
  * right-hand sides (MR rows × NV vectors of accumulators held in registers), so no tile is stored
@@ -375,16 +376,59 @@ static inline __attribute__((always_inline)) void FN(panel_cols)(
 /* Elements per vector: the caller pads the right-hand sides' columns to a multiple of it. */
 int FN(vector_width)(void) { return (int)W; }
 
-/* out[p, :] += Σ_q Φ(z_p, z_q) rhs[q, :] for the rows p ∈ [r0, r1) against the columns
+/* A kernel for the dense products: a sum of terms, each a scale times a product of leaves, each
+ * leaf a profile on a contiguous span of the inputs' coordinates (inputs already divided by
+ * the leaf's lengthscales):
+ *   K(z_p, z_q) = Σ_t scale[t] Π_{l ∈ t} φ_l(‖z_{p, span l} − z_{q, span l}‖²).
+ * Leaf l is leaf[3 l : 3 l + 3] = (profile, first coordinate, width); term t holds the leaves
+ * [term_end[t − 1], term_end[t]) (term_end[−1] = 0). One term of one leaf spanning all d
+ * coordinates with scale 1 is the single profile of dense_product. */
+struct FN(kernel) {
+    int64_t num_terms;
+    const int64_t *term_end;
+    const REAL *scale;
+    const int64_t *leaf;
+};
+
+/* row[q] = K(z_p, z_{c0+q}) for q < kc (kc ≤ KC); zp: the row point's d coordinates, zT (d × n)
+ * the column points, transposed. A single leaf with scale 1 writes φ straight into the row. */
+static inline __attribute__((always_inline)) void FN(kernel_row)(
+        const struct FN(kernel) *K, int64_t kc, const REAL *zp, const REAL *zT, int64_t n,
+        int64_t c0, REAL *row) {
+    REAL D2[KC], part[KC], phi[KC];
+    if (K->num_terms == 1 && K->term_end[0] == 1 && K->scale[0] == 1) {
+        const int64_t *leaf = K->leaf;
+        FN(sqdist)(kc, leaf[2], zp + leaf[1], zT + leaf[1] * n, n, c0, D2);
+        FN(profile)((int)leaf[0], kc, D2, row, NULL);
+        return;
+    }
+    for (int64_t t = 0, l = 0; t < K->num_terms; ++t) {
+        for (const int64_t first = l; l < K->term_end[t]; ++l) {
+            const int64_t *leaf = K->leaf + 3 * l;
+            FN(sqdist)(kc, leaf[2], zp + leaf[1], zT + leaf[1] * n, n, c0, D2);
+            FN(profile)((int)leaf[0], kc, D2, l == first ? part : phi, NULL);
+            if (l != first)
+                for (int64_t q = 0; q < kc; ++q) part[q] *= phi[q];
+        }
+        const REAL s = K->scale[t];
+        if (t == 0)
+            for (int64_t q = 0; q < kc; ++q) row[q] = s * part[q];
+        else
+            for (int64_t q = 0; q < kc; ++q) row[q] += s * part[q];
+    }
+}
+
+/* out[p, :] += Σ_q K(z_p, z_q) rhs[q, :] for the rows p ∈ [r0, r1) against the columns
  * q ∈ [cb, ce), and with ``mirror`` (a tile of the symmetric product off its diagonal, the two
- * ranges disjoint) also out[q, :] += Φ_pq rhs[p, :]. zr (t × d): the row points; zT (d × n):
+ * ranges disjoint) also out[q, :] += K_pq rhs[p, :]. zr (t × d): the row points; zT (d × n):
  * the column points, transposed; rhs (n × kp) and out (t × kp, n × kp with ``mirror``),
  * row-major, kp = 1 or a multiple of vector_width(). Columns are walked in spans of ``span``
- * points so that their right-hand sides (and mirrored outputs) stay in L2 while all rows pass. */
-void FN(dense_product)(int profile, int64_t n, int64_t d, const REAL *zr, const REAL *zT,
-                       const REAL *rhs, int64_t kp, REAL *out, int64_t r0, int64_t r1,
-                       int64_t cb, int64_t ce, int mirror, int64_t span) {
-    REAL D2[KC];
+ * points so that their right-hand sides (and mirrored outputs) stay in L2 while all rows pass.
+ * Shared by dense_product (one profile) and composed_product (a composed kernel). */
+static inline __attribute__((always_inline)) void FN(panel_product)(
+        const struct FN(kernel) *K, int64_t n, int64_t d, const REAL *zr, const REAL *zT,
+        const REAL *rhs, int64_t kp, REAL *out, int64_t r0, int64_t r1, int64_t cb, int64_t ce,
+        int mirror, int64_t span) {
     REAL panel[MR * KC] __attribute__((aligned(64)));
     for (int64_t s0 = cb; s0 < ce; s0 += span) {
         const int64_t s1 = ce - s0 < span ? ce : s0 + span;
@@ -395,8 +439,7 @@ void FN(dense_product)(int profile, int64_t n, int64_t d, const REAL *zr, const 
                 for (int i = 0; i < MR; ++i) {
                     REAL *row = panel + i * KC;
                     if (i < mr) {
-                        FN(sqdist)(kc, d, zr + (i0 + i) * d, zT, n, c0, D2);
-                        FN(profile)(profile, kc, D2, row, NULL);
+                        FN(kernel_row)(K, kc, zr + (i0 + i) * d, zT, n, c0, row);
                     } else {
                         for (int64_t q = 0; q < kc; ++q) row[q] = 0;
                     }
@@ -434,6 +477,26 @@ void FN(dense_product)(int profile, int64_t n, int64_t d, const REAL *zr, const 
             }
         }
     }
+}
+
+/* The product with one profile φ on all d coordinates (panel_product's arguments). */
+void FN(dense_product)(int profile, int64_t n, int64_t d, const REAL *zr, const REAL *zT,
+                       const REAL *rhs, int64_t kp, REAL *out, int64_t r0, int64_t r1,
+                       int64_t cb, int64_t ce, int mirror, int64_t span) {
+    const int64_t term_end[1] = {1}, leaf[3] = {profile, 0, d};
+    const REAL scale[1] = {1};
+    const struct FN(kernel) K = {1, term_end, scale, leaf};
+    FN(panel_product)(&K, n, d, zr, zT, rhs, kp, out, r0, r1, cb, ce, mirror, span);
+}
+
+/* The product with a composed kernel (struct kernel: num_terms, term_end, scale, leaf) on the
+ * leaves' gathered coordinates, d their total width (panel_product's other arguments). */
+void FN(composed_product)(int64_t num_terms, const int64_t *term_end, const REAL *scale,
+                          const int64_t *leaf, int64_t n, int64_t d, const REAL *zr,
+                          const REAL *zT, const REAL *rhs, int64_t kp, REAL *out, int64_t r0,
+                          int64_t r1, int64_t cb, int64_t ce, int mirror, int64_t span) {
+    const struct FN(kernel) K = {num_terms, term_end, scale, leaf};
+    FN(panel_product)(&K, n, d, zr, zT, rhs, kp, out, r0, r1, cb, ce, mirror, span);
 }
 #undef VEC
 #undef W
