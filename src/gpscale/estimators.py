@@ -38,6 +38,7 @@ NaN or inf in X or y is a ``ValueError`` naming the first rows; so is a NaN or i
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from numbers import Integral, Real
 from typing import Any
@@ -58,11 +59,11 @@ from gpscale.methods.auto import AUTO
 from gpscale.methods.base import module_device
 from gpscale.methods.options import composed_dtype, kernel_in_model_units
 from gpscale.methods.registry import METHODS, get_spec
-from gpscale.run import plan_text
+from gpscale.run import MIN_FINAL_SHARE, plan_text
 from gpscale.training import FitConfig, History, resolve_fit_config
-from gpscale.training.config import DTYPES, MAX_LR, OPTIMIZERS, SCHEDULERS
+from gpscale.training.config import DEFAULT_BUDGET_S, DTYPES, MAX_LR, OPTIMIZERS, SCHEDULERS
 from gpscale.training.harness import cast, train_method
-from gpscale.training.probe import inducing_probe
+from gpscale.training.race import pick_auto, warm_options
 from gpscale.validation import check_class_labels, check_finite_output, check_x, nonfinite_rows
 
 __all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload", "UNTIMED_MAX_ROWS"]
@@ -161,27 +162,32 @@ class _GPEstimator(BaseEstimator):
             raise ValueError(f"{type(self).__name__} needs at least 2 samples; got "
                              f"n_samples={x.shape[0]}")
         seed = _seed(self.random_state)
-        self.method_, options = self._choose_method(x, y, num_classes, seed)
-        config = resolve_fit_config(
-            self.method_, x.shape[0], dtype=composed_dtype(options, self.dtype), seed=seed,
-            progress=bool(self.progress),
-            **{k: getattr(self, k) for k in _TRAINING_KEYS})
-        images = get_spec(self.method_).inputs == "images"  # pixels stay as they are
-        if self.max_time is None and x.shape[0] <= UNTIMED_MAX_ROWS and not images:
-            config = replace(config, max_time=None)  # module docstring
-        latents = num_classes if (num_classes or 0) > 2 else 1
-        logging.getLogger("gpscale.fit").info(plan_text(self.method_, config, options,
-                                                        x.shape[0], latents, self._task))
+        # pixels stay as they are; auto never picks an image method
+        images = not _is_auto(self.method) and get_spec(self.method).inputs == "images"
         self.transform_ = (Standardizer.fit(x, y, standardize_y=self._task == "regression",
                                             standardize_x=not images)
                            if self.standardize else None)
         names = getattr(self, "feature_names_in_", None)
-        options = kernel_in_model_units(options, transform=self.transform_,
-                                        names=None if names is None else list(names),
-                                        num_dims=x.shape[1])
-        train = cast(self._transform_xy(x, y), config, self._task)
+        given = kernel_in_model_units(dict(self._options), transform=self.transform_,
+                                      names=None if names is None else list(names),
+                                      num_dims=x.shape[1])
+        xy = self._transform_xy(x, y)
+        self.method_, options, warm, left = self._choose_method(xy, num_classes, seed, given)
+        config = resolve_fit_config(
+            self.method_, x.shape[0], dtype=composed_dtype(options, self.dtype), seed=seed,
+            progress=bool(self.progress),
+            **{k: getattr(self, k) for k in _TRAINING_KEYS})
+        if self.max_time is None and x.shape[0] <= UNTIMED_MAX_ROWS and not images:
+            # module docstring; after a race the winner trains from its own start, to the end
+            config, warm = replace(config, max_time=None), None
+        elif left is not None:  # what the race left of the budget
+            config = replace(config, max_time=left)
+        latents = num_classes if (num_classes or 0) > 2 else 1
+        logging.getLogger("gpscale.fit").info(plan_text(self.method_, config, options,
+                                                        x.shape[0], latents, self._task))
+        train = cast(xy, config, self._task)
         trained = train_method(self.method_, train, task=self._task, num_classes=num_classes,
-                               options=options, config=config, seed=seed)
+                               options=options, config=config, seed=seed, warm=warm)
         self.model_ = trained.model
         self.history_: History = trained.history
         self.fit_config_ = config
@@ -197,23 +203,35 @@ class _GPEstimator(BaseEstimator):
         check_is_fitted(self, "model_")
         return str(module_device(self.model_))
 
-    def _choose_method(self, x: torch.Tensor, y: torch.Tensor, num_classes: int | None,
-                       seed: int) -> tuple[str, dict[str, Any]]:
-        """The method key to fit and its typed options: ``method``, or for ``"auto"`` the key
-        :func:`~gpscale.methods.auto.choose_method` picks for this data, with the probe of
-        :func:`~gpscale.training.probe.inducing_probe` where it decides (its reason logged on
+    def _choose_method(self, train: tuple[torch.Tensor, torch.Tensor],
+                       num_classes: int | None, seed: int, given: dict[str, Any]
+                       ) -> tuple[str, dict[str, Any], dict[str, torch.Tensor] | None,
+                                  float | None]:
+        """The method key to fit, its typed options, the parameters to start from and the
+        seconds left of the budget: ``method`` as given, or for ``"auto"`` what
+        :func:`~gpscale.training.race.pick_auto` resolves on the standardised ``train`` (a
+        race on held-out rows, or the rules; its reason in ``method_reason_`` and logged on
         ``gpscale.fit``). An unknown method or option is a ``ValueError``."""
         if not _is_auto(self.method):
             self.method_reason_ = "given"
-            return self.method, get_spec(self.method).resolve(self._options,
-                                                              fill_defaults=False)
-        device = FitConfig(device=self.device or "cpu").torch_device
-        choice, options = auto.pick(self._task, x.shape[0], x.shape[1],
-                                    num_classes=num_classes, options=self._options,
-                                    device=device,
-                                    probe=lambda: inducing_probe(x, y, seed=seed))
-        self.method_reason_ = choice.reason
-        return choice.method, options
+            return (self.method, get_spec(self.method).resolve(given, fill_defaults=False),
+                    None, None)
+        x, y = train
+        budget = DEFAULT_BUDGET_S if self.max_time is None else float(self.max_time)
+        tic = time.perf_counter()
+        picked = pick_auto(
+            self._task, x, y, num_classes=num_classes, options=given,
+            device=FitConfig(device=self.device or "cpu").torch_device, seed=seed,
+            budget=budget, epochs=self.epochs,
+            config_for=lambda key: resolve_fit_config(
+                key, x.shape[0], dtype=composed_dtype(given, self.dtype), seed=seed,
+                **{k: getattr(self, k) for k in _TRAINING_KEYS}))
+        self.method_reason_ = picked.choice.reason
+        key = picked.choice.method
+        if picked.race is None:
+            return key, picked.options, None, None
+        left = max(budget - (time.perf_counter() - tic), MIN_FINAL_SHARE * budget)
+        return key, warm_options(key, picked.options, given), picked.warm, left
 
     def _transform_xy(self, x, y):
         if self.transform_ is None:

@@ -43,9 +43,10 @@ from gpscale.methods.registry import get_spec
 from gpscale.metrics import json_safe
 from gpscale.training import Evaluate, FitConfig, History, resolve_fit_config
 from gpscale.training.calibration import coverage_message
+from gpscale.training.config import DEFAULT_BUDGET_S
 from gpscale.training.harness import cast, train_method
 from gpscale.training.prefit import exact_prefit_wanted
-from gpscale.training.probe import inducing_probe
+from gpscale.training.race import AutoPick, pick_auto, warm_options
 
 __all__ = ["RunSpec", "RunResult", "Outcome", "OneProcess", "run", "run_metrics", "load_data",
            "predict_test", "write_outputs", "write_partial", "feature_names", "resolve_auto",
@@ -158,18 +159,43 @@ def with_item_shape(spec: RunSpec, data: Dataset) -> RunSpec:
     return replace(spec, options={**spec.options, "image_shape": list(shape)})
 
 
-def resolve_auto(spec: RunSpec, data: Dataset) -> RunSpec:
-    """``spec`` with ``method="auto"`` replaced by the key :func:`choose_method` picks for
-    ``data`` (its reason logged on ``gpscale.fit``); any other spec unchanged."""
+def resolve_auto(spec: RunSpec, data: Dataset,
+                 agree: Callable[[Callable[[], AutoPick]], AutoPick] | None = None,
+                 parallel: bool = False) -> tuple[RunSpec, dict[str, torch.Tensor] | None]:
+    """``spec`` with ``method="auto"`` replaced by the key ``auto`` picks for ``data``
+    (:func:`gpscale.training.race.pick_auto`: a race on held-out rows, or the rules), its
+    reason logged on ``gpscale.fit``, and the parameters the winner starts from (``None``
+    without a race). After a race, the winner's budget is what the race left of the run's
+    (``max_time``, else the default budget). Any other spec comes back unchanged.
+
+    ``agree(choose)`` runs ``choose`` where the processes of a data-parallel run agree on one
+    result (rank 0 chooses, the others receive it); ``parallel`` leaves out the keys without a
+    data-parallel path."""
     if spec.method != AUTO:
-        return spec
-    device = FitConfig(device=spec.device or "cpu").torch_device
-    choice, options = auto.pick(data.task, data.num_train, data.num_dims,
-                                num_classes=data.num_classes, options=spec.options,
-                                device=device,
-                                probe=lambda: inducing_probe(data.x_train, data.y_train,
-                                                             seed=spec.seed))
-    return replace(spec, method=choice.method, options=options)
+        return spec, None
+    tic = time.perf_counter()
+    budget = DEFAULT_BUDGET_S if spec.max_time is None else spec.max_time
+
+    def choose() -> AutoPick:
+        return pick_auto(data.task, data.x_train, data.y_train, num_classes=data.num_classes,
+                         options=spec.options,
+                         device=FitConfig(device=spec.device or "cpu").torch_device,
+                         seed=spec.seed, budget=budget, epochs=spec.epochs, parallel=parallel,
+                         config_for=lambda key: fit_config(replace(spec, method=key),
+                                                           data.num_train)[0])
+
+    picked = choose() if agree is None else agree(choose)
+    key = picked.choice.method
+    if picked.race is None:
+        return replace(spec, method=key, options=picked.options), None
+    left = max(budget - (time.perf_counter() - tic), MIN_FINAL_SHARE * budget)
+    options = warm_options(key, picked.options, spec.options)
+    return replace(spec, method=key, options=options, max_time=left), picked.warm
+
+
+MIN_FINAL_SHARE = 0.1
+"""Least share of the budget the race's winner trains for on every row, should the race
+overrun its own share."""
 
 
 def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
@@ -287,13 +313,14 @@ class OneProcess:
     @staticmethod
     def train(spec: RunSpec, data: Dataset, config: FitConfig,
               train: tuple[torch.Tensor, torch.Tensor],
-              callbacks_for: Callable[[Callable[..., Predictive]], list]) -> Outcome:
+              callbacks_for: Callable[[Callable[..., Predictive]], list],
+              warm: dict[str, torch.Tensor] | None = None) -> Outcome:
         x, y = train
         callbacks = callbacks_for(lambda m, x_test: predict_test(m, x, y, x_test,
                                                                  cpu_fallback=False))
         trained = train_method(spec.method, train, task=data.task,
                                num_classes=data.num_classes, options=spec.options,
-                               config=config, seed=spec.seed, callbacks=callbacks)
+                               config=config, seed=spec.seed, callbacks=callbacks, warm=warm)
         model = trained.model
         trained_on = module_device(model)
 
@@ -314,14 +341,15 @@ def run(spec: RunSpec, processes: Any = None) -> RunResult:
     """
     processes = processes or OneProcess()
     data = load_data(spec)
-    tic = time.perf_counter()
-    chosen = resolve_auto(spec, data)
-    choice_time = {"auto_time_s": time.perf_counter() - tic} if chosen != spec else {}
-    spec = with_item_shape(chosen, data)
     options = kernel_in_model_units(spec.options, transform=data.transform,
                                     names=(data.info or {}).get("columns"),
                                     num_dims=data.num_dims)
     spec = spec if options == spec.options else replace(spec, options=options)
+    tic = time.perf_counter()
+    chosen, warm = resolve_auto(spec, data, getattr(processes, "agree", None),
+                                parallel=not isinstance(processes, OneProcess))
+    choice_time = {"auto_time_s": time.perf_counter() - tic} if chosen != spec else {}
+    spec = with_item_shape(chosen, data)
     config, dtype = fit_config(spec, data.num_train)
     latents = data.num_classes if (data.num_classes or 0) > 2 else 1
     if processes.is_main:
@@ -336,7 +364,7 @@ def run(spec: RunSpec, processes: Any = None) -> RunResult:
         return [Evaluate(lambda m: predict(m, x_test), data.y_test, every=spec.eval_every)]
 
     try:
-        outcome = processes.train(spec, data, config, train, callbacks_for)
+        outcome = processes.train(spec, data, config, train, callbacks_for, warm)
     except NonFiniteLossError as err:
         if processes.is_main:
             write_partial(spec, err.history)

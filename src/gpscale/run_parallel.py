@@ -16,16 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
 from torch import Tensor
 
 from gpscale.data import Dataset
-from gpscale.distributed.env import DEFAULT_TIMEOUT, DistEnv, current, init_from_env
+from gpscale.distributed.env import DEFAULT_TIMEOUT, DistEnv, collective, current, init_from_env
 from gpscale.distributed.reduce import all_gather_rows, all_reduce_max, broadcast_module
 from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
 from gpscale.run import Outcome, RunSpec, run
 from gpscale.training import FitConfig
-from gpscale.training.harness import build_method, train_built
+from gpscale.training.harness import build_method, start_warm, train_built
 from gpscale.training.parallel import DataParallel
 
 __all__ = ["Ranks", "run_rank"]
@@ -47,15 +48,27 @@ class Ranks:
     def slowest(seconds: float) -> float:
         return all_reduce_max(seconds)
 
+    def agree(self, choose: Callable[[], Any]) -> Any:
+        """``choose()`` on rank 0, its result on every rank (``auto``'s choice: a race timed
+        on one rank alone, which the others wait for)."""
+        box = [choose() if self.is_main else None]
+        with collective("broadcast (auto's choice)"):
+            dist.broadcast_object_list(box, 0)
+        return box[0]
+
     def train(self, spec: RunSpec, data: Dataset, config: FitConfig, train: tuple[Tensor, Tensor],
-              callbacks_for: Callable[[Callable[..., Predictive]], list]) -> Outcome:
-        """Build on all rows, shard, train on the shard; ValueError for a method without a
-        data-parallel path, or one whose loss needs the whole shard given a batch size."""
+              callbacks_for: Callable[[Callable[..., Predictive]], list],
+              warm: dict[str, Tensor] | None = None) -> Outcome:
+        """Build on all rows (from ``warm``'s parameters where given), shard, train on the
+        shard; ValueError for a method without a data-parallel path, or one whose loss needs
+        the whole shard given a batch size."""
         env = self.env
         n = train[0].shape[0]
         model, setup_time = build_method(spec.method, train, task=data.task,
                                          num_classes=data.num_classes, options=spec.options,
                                          config=config, seed=spec.seed, device=env.device)
+        if warm is not None:
+            start_warm(model, warm, spec.method, spec.options)
         broadcast_module(model)  # identical parameters, whatever the initialisation did per rank
         start, stop = shard_range(n, env.rank, env.world_size)
         x, y = (t[start:stop].clone().to(env.device) for t in train)

@@ -1,5 +1,10 @@
 """``method="auto"``: pick a method key from the task, the data's size and the machine's memory.
 
+For regression beyond the exact GP's rule, ``auto`` races the keys :func:`race_candidates`
+lists on held-out rows of the user's data (:mod:`gpscale.training.race`, the default mode);
+the rules below decide the rest — small data, classification, counts — and everything under
+``-o auto=rules`` (:data:`AUTO_MODES`), in seconds.
+
 The rules are the README's "which method when" table, and each comes from a measurement in
 BENCHMARKS.md (all with each method's defaults, on a CPU; the figures are in
 docs/notes/benchmarks-2026-12.md, "Evidence moved out of the code"):
@@ -54,7 +59,8 @@ from gpscale.limits import available_memory, device_memory
 from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS, OptionError
 from gpscale.methods.registry import get_spec
 
-__all__ = ["AUTO", "RULES", "Choice", "Probe", "choose_method", "needs_probe", "candidates",
+__all__ = ["AUTO", "AUTO_MODES", "split_mode", "race_candidates", "RACE_EXACT_MAX_N", "RULES",
+           "Choice", "Probe", "choose_method", "needs_probe", "candidates",
            "check_options", "resolve_options", "pick", "PROBE_RATIO_MIN", "PROBE_METHOD",
            "LINEAR_MEMORY", "available_memory", "device_memory", "EXACT_MAX_N",
            "GRID_MAX_DIMS", "CAGP_MAX_N", "CAGP_MAX_N_GPU", "ITERNCGP_MAX_NC"]
@@ -281,6 +287,7 @@ def check_options(task: str, options: Mapping[str, Any]) -> None:
             matches, or the value's problem.
     """
     keys = candidates(task)
+    _, options = split_mode(options)  # auto's own option
     for name, value in options.items():
         declaring = [k for k in keys if any(o.name == name for o in get_spec(k).options)]
         if not declaring:
@@ -311,6 +318,72 @@ def resolve_options(choice: Choice, options: Mapping[str, Any]) -> dict[str, Any
                           "name a method to use these options") from None
 
 
+AUTO_MODES = ("race", "rules")
+"""Values of ``auto``'s own option ``-o auto=MODE``: ``race`` (the default) fits the candidate
+methods on held-out rows and keeps the best (:mod:`gpscale.training.race`); ``rules`` chooses by
+this module's table alone, in seconds."""
+RACE_EXACT_MAX_N = 5_000
+"""Largest n at which the exact GP races beyond :data:`EXACT_MAX_N`: its Cholesky takes about a
+second here, so a race slice holds several of its epochs."""
+RACE_ALWAYS = ("svgp", "solvegp", "softki")
+"""The minibatch keys that race at any n."""
+
+
+def split_mode(options: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(``auto``'s mode, the other options): the mode is the option ``auto``
+    (:data:`AUTO_MODES`, default ``race``), which no method declares."""
+    rest = dict(options)
+    mode = str(rest.pop("auto", "race")).strip().lower()
+    if mode not in AUTO_MODES:
+        raise OptionError(f"option auto={mode!r} of method 'auto': expected one of "
+                          f"{', '.join(AUTO_MODES)}")
+    return mode, rest
+
+
+def race_candidates(task: str, n: int, d: int, options: Mapping[str, Any], *,
+                    memory: int | None = None, device: Any = None,
+                    parallel: bool = False) -> list[str]:
+    """The keys that race for ``auto`` on this data, in the order that breaks a tie; an empty
+    list where the rules decide alone: a task other than regression (IterNCGP or SVGP by
+    size), data the exact GP fits within :data:`EXACT_MAX_N` points (the reference, seconds),
+    or fewer than two keys that take ``options``.
+
+    Beyond the exact GP's rule: the exact GP up to :data:`RACE_EXACT_MAX_N` points where its
+    matrices fit (not with several processes: it has no data-parallel path), GGP for
+    d ≤ :data:`GRID_MAX_DIMS` or an additive kernel expression it takes, CaGP-Opt up to its size
+    bound, and :data:`RACE_ALWAYS`; each only where it takes every option given."""
+    if task != "regression":
+        return []
+    rules = choose_method(task, n, d, memory=memory, device=device)
+    if rules.method == "exact":
+        return []
+    gpu = device is not None and getattr(device, "type", None) == "cuda"
+    keys = []
+    if not parallel and n <= RACE_EXACT_MAX_N and (
+            gpu or 8 * EXACT_MEMORY_COPIES * n * n <= (memory or available_memory() or 0) // 2):
+        keys.append("exact")
+    if n <= (CAGP_MAX_N_GPU if gpu else CAGP_MAX_N):
+        keys.append("cagp-opt")
+    keys += [*RACE_ALWAYS]
+    if d <= GRID_MAX_DIMS or _grids_take(options.get("kernel"), d):
+        keys.insert(0, "ggp")
+    return [key for key in keys if _takes(key, options)]
+
+
+def _takes(key: str, options: Mapping[str, Any]) -> bool:
+    """Whether method ``key`` declares every option in ``options`` and takes its value."""
+    spec = get_spec(key)
+    declared = {o.name for o in spec.options}
+    if any(name not in declared for name in options):
+        return False
+    try:
+        spec.resolve(dict(options), fill_defaults=False)
+    except OptionError:
+        return False
+    option = next((o for o in spec.options if o.name == "kernel"), None)
+    return option is None or option.refusal(options.get("kernel")) is None
+
+
 COMPOSED_FALLBACK = "svgp"
 """What ``auto`` takes instead of a choice that cannot take the user's kernel expression."""
 
@@ -333,7 +406,21 @@ def _taking_the_kernel(task: str, choice: Choice, options: Mapping[str, Any]) ->
                                      f"kernel expression, and {COMPOSED_FALLBACK} does")
 
 
-def _additive_grids(task: str, choice: Choice, options: Mapping[str, Any]) -> Choice:
+def _grids_take(kernel: Any, d: int) -> bool:
+    """Whether ``kernel`` is an expression ``ggp`` builds on ``d`` inputs: a sum of terms on
+    groups of at most :data:`GRID_MAX_DIMS` inputs, one grid each."""
+    if not isinstance(kernel, str) or not is_expression(kernel.strip()):
+        return False
+    from gpscale.methods.ski.additive import additive_terms  # the grid family, on demand
+
+    try:
+        additive_terms(kernel.strip(), d)
+    except ValueError:
+        return False
+    return True
+
+
+def _additive_grids(task: str, choice: Choice, options: Mapping[str, Any], d: int) -> Choice:
     """``ggp`` where the exact GP does not fit and the user's kernel is a sum of kernels on
     groups of at most 3 inputs that ggp takes (one grid per group, whatever d is); else
     ``choice``."""
@@ -341,8 +428,7 @@ def _additive_grids(task: str, choice: Choice, options: Mapping[str, Any]) -> Ch
     if (task != "regression" or choice.method in ("exact", "ggp")
             or not isinstance(kernel, str) or not is_expression(kernel.strip())):
         return choice
-    option = next(o for o in get_spec("ggp").options if o.name == "kernel")
-    if option.refusal(kernel) is not None:
+    if not _grids_take(kernel, d):
         return choice
     return Choice("ggp", f"{choice.reason}; but the kernel is a sum of kernels on groups of at "
                          "most 3 inputs: ggp (one grid per group, solver cost independent of n)")
@@ -372,6 +458,6 @@ def pick(task: str, n: int, d: int, *, num_classes: int | None,
             warnings.warn(f"method auto: the probe of the data failed ({err}); choosing by "
                           "n and d alone", stacklevel=2)
     choice = choose_method(task, n, d, num_classes=num_classes, device=device, probe=measured)
-    choice = _taking_the_kernel(task, _additive_grids(task, choice, options), options)
+    choice = _taking_the_kernel(task, _additive_grids(task, choice, options, d), options)
     log.info("method auto: %s", choice.reason)
     return choice, resolve_options(choice, options)

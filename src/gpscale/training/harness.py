@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,7 +39,7 @@ from torch import Tensor
 
 from gpscale.devices import check_dense_fits, inducing_options, on_cpu_after_oom
 from gpscale.methods.base import Method
-from gpscale.methods.registry import build
+from gpscale.methods.registry import build, get_spec
 from gpscale.training.calibration import calibrate_noise, heldout_rows
 from gpscale.training.config import FitConfig
 from gpscale.training.fit import condition_only, fit
@@ -49,7 +49,8 @@ from gpscale.training.parallel import DataParallel
 from gpscale.training.prefit import fill_prefit_options, prefit_lr_cap, start_resolvable
 from gpscale.training.validation import Validation, split_holdout
 
-__all__ = ["Trained", "build_method", "cast", "train_built", "train_method"]
+__all__ = ["Trained", "build_method", "cast", "train_built", "train_method", "load_warm",
+           "start_warm"]
 
 log = logging.getLogger("gpscale.training")
 
@@ -184,9 +185,11 @@ def _holdout(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
 
 def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
                  num_classes: int | None, options: dict[str, Any], config: FitConfig,
-                 seed: int, callbacks: Sequence[Any] = ()) -> Trained:
+                 seed: int, callbacks: Sequence[Any] = (),
+                 warm: Mapping[str, Tensor] | None = None) -> Trained:
     """:func:`build_method` then :func:`train_built` in one process, under one seeded RNG
-    stream (forked: the caller's RNG state is left as it was).
+    stream (forked: the caller's RNG state is left as it was). ``warm``: parameters to start
+    from (:func:`start_warm`), as ``auto``'s race leaves its winner's.
 
     The method is built from ``train`` where it lies (initialisation, pre-fits) and then moved
     with the data to ``config.device`` to train; the returned state lives there too.
@@ -199,6 +202,35 @@ def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
         model, setup_time = build_method(method, train, task=task, num_classes=num_classes,
                                          options=options, config=config, seed=None,
                                          device=device)
+        if warm is not None:
+            start_warm(model, warm, method, options)
         train = tuple(t.to(device) for t in train)
         history, state = train_built(model, train, config, callbacks)
     return Trained(model, history, state, setup_time)
+
+
+def load_warm(model: torch.nn.Module, warm: Mapping[str, Tensor]) -> list[str]:
+    """Copy into ``model`` each parameter of ``warm`` whose name and shape it has; the names
+    copied (a parameter whose shape follows the training rows, as CaGP-Opt's actions, keeps
+    its fresh start)."""
+    copied = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            value = warm.get(name)
+            if value is not None and value.shape == p.shape:
+                p.copy_(value.to(device=p.device, dtype=p.dtype))
+                copied.append(name)
+    return copied
+
+
+def start_warm(model: Method, warm: Mapping[str, Tensor], method: str,
+               options: Mapping[str, Any]) -> None:
+    """Start ``model`` from ``warm`` (:func:`load_warm`) and, as from a pre-fit, train it at
+    no more than its ``prefit_max_lr`` where the method declares one: a trained start is not
+    to be thrown away by a first large step."""
+    copied = load_warm(model, warm)
+    log.info("starting %s from %d trained parameter tensors of %d", method, len(copied),
+             len(warm))
+    declared = {o.name for o in get_spec(method).options}
+    if "prefit_max_lr" in declared:
+        model.max_start_lr = float(get_spec(method).resolve(dict(options))["prefit_max_lr"])

@@ -1,0 +1,277 @@
+"""``method="auto"`` for regression beyond the exact GP: a race of the candidate methods on
+held-out rows of the user's own data, inside the time budget.
+
+Which scalable method serves a data set best depends on things no rule on n and d sees — how
+SVGP's optimiser copes with many ARD lengthscales, how far CaGP-Opt's actions reach, whether a
+grid fits the function — so ``auto`` fits its candidates and looks:
+
+1. :func:`gpscale.methods.auto.race_candidates` lists the keys that can take the task and the
+   user's options (the exact GP where its epochs are seconds, GGP for d ≤ 3 or an additive
+   kernel, CaGP-Opt up to its size bound, SVGP, SOLVE-GP and SoftKI).
+2. A share :data:`HELD_SHARE` of the training rows (at least :data:`HELD_MIN`, at most
+   :data:`HELD_MAX`, drawn under the seed) is held out; each candidate is built and trained on
+   the rest with its own defaults.
+3. Successive halving: the race's share of the budget (:data:`RACE_SHARE`) is split evenly
+   between ⌈log₂ k⌉ rounds, a round's time evenly between the candidates still in it; after
+   each round the candidates are ranked by their held-out negative log predictive density
+   (NLL, the quantity that judges mean and intervals together) and the better half goes on,
+   training on from where it stopped.
+4. The winner is rebuilt on every row and trained for the rest of the budget, starting from
+   the parameters its race ended with wherever their shapes still fit (hyperparameters,
+   inducing points and variational parameters; not per-row actions), at its pre-fit learning
+   rate. :class:`RaceResult` records each candidate's held-out NLL, RMSE, epochs and seconds
+   for the reason line (``method_reason_``, the ``gpscale fit`` log).
+
+The race is a wall-clock race: each slice is seconds (and, where ``epochs`` is given, a share
+of the epochs). With the same seed, the rows held out, every candidate's start and its
+minibatches are the same; the epochs a slice holds depend on the machine's speed, so a
+choice between two candidates whose held-out NLLs lie closer than that variation can differ
+between machines. A candidate that fails (a non-finite loss, out of memory) is out, named in
+the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpscale.errors import NonFiniteLossError
+from gpscale.methods import auto
+from gpscale.methods.auto import Choice, resolve_options
+from gpscale.methods.base import Method
+from gpscale.methods.options import PREFIT_OFF
+from gpscale.methods.registry import get_spec
+from gpscale.training.config import FitConfig
+from gpscale.training.harness import build_method, train_built
+from gpscale.training.probe import inducing_probe
+
+__all__ = ["HELD_SHARE", "HELD_MIN", "HELD_MAX", "RACE_SHARE", "Runner", "RaceResult",
+           "AutoPick", "race", "pick_auto", "held_out_split", "warm_parameters", "warm_options"]
+
+log = logging.getLogger("gpscale.fit")
+
+HELD_SHARE = 0.15
+"""Share of the training rows the race holds out to judge its candidates by."""
+HELD_MIN = 200
+"""Fewest held-out rows (the NLL's standard error over 200 rows is about 0.05 for a
+well-calibrated Gaussian predictive: close enough to part candidates the race must part)."""
+HELD_MAX = 5_000
+"""Most held-out rows (prediction on them is part of each round's time)."""
+RACE_SHARE = 0.5
+"""Share of the time budget the race may use; the winner trains on every row for the rest
+(warm-started, so the race's time is not lost to it)."""
+
+RACE_LBFGS_ITER = 5
+"""L-BFGS iterations per epoch in a race slice (the exact GP's): the slice's clock is read
+between epochs, and a default epoch of 20 iterations at a few thousand points outlasts a
+slice several times over."""
+
+
+@dataclass
+class Runner:
+    """One candidate in the race: its key, typed options, model and what it measured."""
+
+    key: str
+    options: dict[str, Any]
+    model: Method | None = None
+    seconds: float = 0.0
+    epochs: int = 0
+    nll: float = math.inf
+    rmse: float = math.inf
+    round_out: int | None = None
+    failure: str | None = None
+
+    def describe(self) -> str:
+        """``svgp NLL −1.002 RMSE 0.110 (41 epochs, 38 s)`` and how it left the race."""
+        if self.failure is not None:
+            return f"{self.key} failed ({self.failure})"
+        text = (f"{self.key} NLL {self.nll:.3f} RMSE {self.rmse:.3g} ({self.epochs} epochs, "
+                f"{self.seconds:.0f} s)")
+        return text if self.round_out is None else text + f", out after round {self.round_out}"
+
+
+@dataclass(frozen=True)
+class RaceResult:
+    """The race's winner, its options and parameters, and every candidate's figures.
+
+    Attributes:
+        choice: the winner and the reason line (each candidate's held-out figures).
+        options: the winner's options, typed.
+        warm: the winner's trained parameters by name (for
+            :func:`gpscale.training.harness.load_warm`).
+        runners: every candidate, best first.
+        seconds: the race's time, from the split to the winner's last evaluation.
+        held: rows held out.
+    """
+
+    choice: Choice
+    options: dict[str, Any]
+    warm: dict[str, Tensor] = field(repr=False)
+    runners: tuple[Runner, ...]
+    seconds: float
+    held: int
+
+
+def held_out_split(n: int, seed: int) -> tuple[Tensor, Tensor]:
+    """(rows to train on, rows held out) of ``n`` rows, drawn under ``seed``."""
+    count = min(max(HELD_MIN, round(HELD_SHARE * n)), HELD_MAX, n // 2)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return order[count:].sort().values, order[:count].sort().values
+
+
+def warm_parameters(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The model's parameters by name, detached copies on the CPU."""
+    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
+
+
+def _rounds(count: int) -> int:
+    return max(1, math.ceil(math.log2(count)))
+
+
+def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
+         config_for: Callable[[str], FitConfig], budget: float, seed: int,
+         epochs: int | None = None) -> RaceResult:
+    """Race ``keys`` on ``x`` (n, d), ``y`` (n,) (standardised, as the methods train on
+    them) for at most :data:`RACE_SHARE` of ``budget`` seconds (module docstring).
+
+    Args:
+        keys: the candidates, at least two, in the order that breaks a tie.
+        options: the user's options (each candidate types them for itself).
+        config_for: each key's training configuration (its defaults with the user's
+            overrides); the race sets its time, and no checkpoint or progress bar.
+        budget: the whole run's time budget in seconds.
+        seed: seeds the held-out rows, each candidate's build and its minibatches.
+        epochs: the user's epoch budget, if any: each slice gets the round's share of it.
+    """
+    if len(keys) < 2:
+        raise ValueError(f"a race needs at least two candidates; got {keys}")
+    tic = time.perf_counter()
+    train_rows, held_rows = held_out_split(x.shape[0], seed)
+    train, held = (x[train_rows], y[train_rows]), (x[held_rows], y[held_rows])
+    runners = [Runner(key, resolve_options(Choice(key, "a race candidate"), options))
+               for key in keys]
+    rounds, alive = _rounds(len(runners)), list(runners)
+    log.info("method auto: racing %s on %d held-out rows of %d, %d round%s in %.0f s",
+             ", ".join(keys), len(held_rows), x.shape[0], rounds, "s" * (rounds > 1),
+             RACE_SHARE * budget)
+    for number in range(1, rounds + 1):
+        spent = time.perf_counter() - tic
+        left = RACE_SHARE * budget - spent
+        if left <= 0 and number > 1:
+            log.info("method auto: the race's time is spent after round %d", number - 1)
+            break
+        share = max(left, 0.0) / (rounds - number + 1) / len(alive)
+        per_slice = None if epochs is None else max(1, epochs // (rounds * len(alive)))
+        for runner in alive:
+            _run_slice(runner, train, held, config_for, share, per_slice, seed)
+        ranked = sorted(alive, key=lambda r: (r.nll, runners.index(r)))
+        keep = max(1, math.ceil(len(ranked) / 2)) if number < rounds else 1
+        for runner in ranked[keep:]:
+            runner.round_out = number
+            runner.model = None  # its memory back for the rest
+        alive = ranked[:keep]
+        log.info("method auto: round %d: %s", number,
+                 "; ".join(r.describe() for r in ranked))
+    best = min(alive, key=lambda r: (r.nll, runners.index(r)))
+    if not math.isfinite(best.nll):
+        raise RuntimeError("method auto: every candidate of the race failed: "
+                           + "; ".join(r.describe() for r in runners))
+    order = sorted(runners, key=lambda r: (r.nll, runners.index(r)))
+    seconds = time.perf_counter() - tic
+    reason = (f"a race on {len(held_rows):,} held-out rows of {x.shape[0]:,} ({seconds:.0f} s): "
+              + "; ".join(r.describe() for r in order) + f": {best.key}, the best held-out NLL")
+    return RaceResult(Choice(best.key, reason), best.options, warm_parameters(best.model),
+                      tuple(order), seconds, len(held_rows))
+
+
+def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor, Tensor],
+               config_for: Callable[[str], FitConfig], seconds: float, epochs: int | None,
+               seed: int) -> None:
+    """Build ``runner``'s model (first slice) and train it on for ``seconds`` (and at most
+    ``epochs``), then score it on ``held``; a failure takes it out of the race."""
+    if runner.failure is not None:
+        return
+    config = config_for(runner.key)
+    config = replace(config, max_time=max(seconds, 1e-3), checkpoint=None, progress=False,
+                     lbfgs_max_iter=min(config.lbfgs_max_iter, RACE_LBFGS_ITER),
+                     **({} if epochs is None else {"epochs": epochs}))
+    data = tuple(t.to(config.torch_dtype) for t in train)
+    tic = time.perf_counter()
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            if runner.model is None:
+                runner.model, _ = build_method(runner.key, data, task="regression",
+                                               num_classes=None, options=runner.options,
+                                               config=config, seed=None,
+                                               device=config.torch_device)
+            device = config.torch_device
+            history, state = train_built(runner.model, tuple(t.to(device) for t in data),
+                                         config)
+            runner.model.eval()
+            with torch.no_grad():
+                pred = runner.model.predict(state, held[0].to(device=device,
+                                                              dtype=config.torch_dtype))
+            scores = pred.to("cpu").metrics(held[1].to(torch.float64))
+    except (NonFiniteLossError, RuntimeError, ValueError, MemoryError) as err:
+        runner.failure = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        runner.model, runner.nll = None, math.inf
+        log.warning("method auto: %s left the race: %s", runner.key, runner.failure)
+        return
+    runner.seconds += time.perf_counter() - tic
+    runner.epochs += history.epochs
+    nll = float(scores["test_nll"])
+    runner.nll = nll if math.isfinite(nll) else math.inf
+    runner.rmse = float(scores["test_rmse"])
+
+
+@dataclass(frozen=True)
+class AutoPick:
+    """What ``auto`` resolved to: the choice, its typed options, and where a race chose, the
+    winner's parameters to start from (``warm``) and the race."""
+
+    choice: Choice
+    options: dict[str, Any]
+    warm: dict[str, Tensor] | None = field(default=None, repr=False)
+    race: RaceResult | None = None
+
+
+def pick_auto(task: str, x: Tensor, y: Tensor, *, num_classes: int | None,
+              options: Mapping[str, Any], device: Any, seed: int,
+              config_for: Callable[[str], FitConfig], budget: float,
+              epochs: int | None = None, parallel: bool = False) -> AutoPick:
+    """Resolve ``method="auto"`` on standardised training data: a race
+    (:func:`race`) among :func:`~gpscale.methods.auto.race_candidates` where there are two or
+    more, else the rules (:func:`gpscale.methods.auto.pick`, with the inducing probe where it
+    decides). ``-o auto=rules`` asks for the rules."""
+    mode, rest = auto.split_mode(options)
+    keys = ([] if mode == "rules" else
+            auto.race_candidates(task, x.shape[0], x.shape[1], rest, device=device,
+                                 parallel=parallel))
+    if len(keys) < 2:
+        choice, typed = auto.pick(task, x.shape[0], x.shape[1], num_classes=num_classes,
+                                  options=rest, device=device,
+                                  probe=lambda: inducing_probe(x, y, seed=seed))
+        return AutoPick(choice, typed)
+    auto.check_options(task, rest)
+    result = race(keys, x, y, options=rest, config_for=config_for, budget=budget, seed=seed,
+                  epochs=epochs)
+    log.info("method auto: %s", result.choice.reason)
+    return AutoPick(result.choice, result.options, result.warm, result)
+
+
+def warm_options(key: str, options: Mapping[str, Any], given: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+    """The winner's options for its warm-started final run: no pre-fit (its race trained the
+    hyperparameters a pre-fit would estimate) unless the user asked for one."""
+    declared = {o.name for o in get_spec(key).options}
+    if "prefit" in declared and "prefit" not in given:
+        return {**options, "prefit": PREFIT_OFF}
+    return dict(options)

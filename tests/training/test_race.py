@@ -1,0 +1,179 @@
+"""``auto``'s race: held-out rows, the candidates, successive halving, the warm start, and the
+estimator and ``gpscale fit`` paths that run it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gpscale import GPRegressor
+from gpscale.cli.__main__ import main
+from gpscale.methods.auto import race_candidates, split_mode
+from gpscale.methods.options import OptionError
+from gpscale.training import race as racing
+from gpscale.training.config import resolve_fit_config
+from gpscale.training.harness import build_method, load_warm
+
+ADDITIVE = "rbf(0) + rbf(1) + rbf(2, 3)"
+
+
+def _data(n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = torch.sin(2 * x[:, 0]) + 0.5 * x[:, 1] + 0.1 * torch.randn(n, generator=g,
+                                                                   dtype=torch.float64)
+    return x, (y - y.mean()) / y.std()
+
+
+@pytest.mark.parametrize("n", [300, 5_000, 100_000])
+def test_held_out_split_sizes_and_seed(n):
+    train, held = racing.held_out_split(n, seed=3)
+    expected = min(max(racing.HELD_MIN, round(racing.HELD_SHARE * n)), racing.HELD_MAX, n // 2)
+    assert len(held) == expected and len(train) + len(held) == n
+    assert not set(train.tolist()) & set(held.tolist())
+    again, held_again = racing.held_out_split(n, seed=3)
+    assert torch.equal(held, held_again) and torch.equal(train, again)
+    assert not torch.equal(held, racing.held_out_split(n, seed=4)[1])
+
+
+def test_candidates_follow_task_size_and_options():
+    # small data: the exact GP alone (no race); other tasks: the rules
+    assert race_candidates("regression", 1_500, 5, {}) == []
+    assert race_candidates("classification", 50_000, 5, {}) == []
+    assert race_candidates("counts", 50_000, 5, {}) == []
+    mid = race_candidates("regression", 4_000, 8, {}, memory=2**34)
+    assert mid == ["exact", "cagp-opt", "svgp", "solvegp", "softki"]
+    assert "exact" not in race_candidates("regression", 4_000, 8, {}, memory=2**34,
+                                          parallel=True)
+    assert race_candidates("regression", 20_000, 8, {}) == ["cagp-opt", "svgp", "solvegp",
+                                                            "softki"]
+    assert race_candidates("regression", 500_000, 8, {}) == ["svgp", "solvegp", "softki"]
+    assert race_candidates("regression", 500_000, 3, {})[0] == "ggp"
+    # an option only some keys declare narrows the race to them
+    assert race_candidates("regression", 20_000, 8, {"num_inducing": 64}) == [
+        "svgp", "solvegp", "softki"]
+    assert race_candidates("regression", 20_000, 8, {"chunk_size": 512}) == [
+        "cagp-opt", "softki"]
+    # an additive expression over 4 inputs: ggp races beside the keys that take any kernel
+    keys = race_candidates("regression", 500_000, 4, {"kernel": ADDITIVE})
+    assert keys[0] == "ggp" and "svgp" in keys
+    assert "ggp" not in race_candidates("regression", 500_000, 4,
+                                        {"kernel": "rbf(0, 1, 2, 3)"})
+
+
+def test_mode_option():
+    assert split_mode({"auto": "rules", "kernel": "rbf"}) == ("rules", {"kernel": "rbf"})
+    assert split_mode({}) == ("race", {})
+    with pytest.raises(OptionError, match="auto='fastest'.*race, rules"):
+        split_mode({"auto": "fastest"})
+
+
+def test_warm_parameters_copy_where_shapes_fit():
+    x, y = _data(400, 3)
+    config = resolve_fit_config("cagp-opt", 400)
+    a, _ = build_method("cagp-opt", (x[:300], y[:300]), task="regression", num_classes=None,
+                        options={}, config=config, seed=0)
+    b, _ = build_method("cagp-opt", (x, y), task="regression", num_classes=None, options={},
+                        config=config, seed=1)
+    with torch.no_grad():
+        a.kernel.base_kernel.raw_lengthscale.add_(0.7)
+    copied = load_warm(b, racing.warm_parameters(a))
+    assert "policy.values" not in copied  # per-row actions keep their fresh start
+    assert "kernel.base_kernel.raw_lengthscale" in copied
+    torch.testing.assert_close(b.kernel.base_kernel.lengthscale, a.kernel.base_kernel.lengthscale)
+    assert racing.warm_options("cagp-opt", {"num_actions": 64}, {}) == {"num_actions": 64,
+                                                                  "prefit": "off"}
+    assert racing.warm_options("cagp-opt", {"prefit": "exact"}, {"prefit": "exact"}) == {
+        "prefit": "exact"}
+    assert racing.warm_options("svgp", {}, {}) == {}
+
+
+def _config(key: str):
+    return resolve_fit_config(key, 1_000)
+
+
+def test_race_halves_and_is_deterministic_under_a_seed():
+    """Epoch-bound slices (time to spare): the same seed gives the same choice and the same
+    held-out figures, to the bit; the worse half leaves after round 1."""
+    x, y = _data(700, 3)
+    keys = ["svgp", "softki", "solvegp"]
+    options = {}
+    first = racing.race(keys, x, y, options=options, config_for=_config, budget=1_000.0, seed=5,
+                 epochs=12)
+    second = racing.race(keys, x, y, options=options, config_for=_config, budget=1_000.0, seed=5,
+                  epochs=12)
+    assert first.choice.method == second.choice.method
+    assert [(r.key, r.nll, r.epochs) for r in first.runners] == [
+        (r.key, r.nll, r.epochs) for r in second.runners]
+    assert len(first.runners) == 3 and first.held == racing.HELD_MIN
+    out = [r for r in first.runners if r.round_out == 1]
+    assert len(out) == 1 and all(math.isfinite(r.nll) for r in first.runners)
+    winner = first.runners[0]
+    assert winner.key == first.choice.method and winner.round_out is None
+    assert winner.nll <= min(r.nll for r in first.runners)
+    assert f"{winner.key}, the best held-out NLL" in first.choice.reason
+    for r in first.runners:
+        assert f"{r.key} NLL {r.nll:.3f}" in first.choice.reason
+    assert any(name.endswith("raw_lengthscale") for name in first.warm)
+    assert all(not t.requires_grad and t.device.type == "cpu" for t in first.warm.values())
+
+
+def test_a_failing_candidate_leaves_the_race(monkeypatch):
+    import gpscale.training.race as race_module
+
+    real = race_module.train_built
+
+    def broken(model, train, config, *args, **kwargs):
+        if type(model).__name__.lower().startswith("softki"):
+            raise RuntimeError("out of memory (simulated)")
+        return real(model, train, config, *args, **kwargs)
+
+    monkeypatch.setattr(race_module, "train_built", broken)
+    x, y = _data(600, 3)
+    result = racing.race(["softki", "svgp"], x, y, options={}, config_for=_config, budget=1_000.0,
+                  seed=0, epochs=4)
+    assert result.choice.method == "svgp"
+    assert "softki failed (out of memory (simulated))" in result.choice.reason
+
+
+def test_rules_mode_and_small_data_skip_the_race():
+    x, y = _data(2_100, 4)
+    picked = racing.pick_auto("regression", x, y, num_classes=None, options={"auto": "rules"},
+                       device=None, seed=0, config_for=_config, budget=300.0)
+    assert picked.race is None and picked.warm is None
+    assert picked.choice.method in ("svgp", "cagp-opt")
+    small = racing.pick_auto("regression", x[:500], y[:500], num_classes=None, options={},
+                      device=None, seed=0, config_for=_config, budget=300.0)
+    assert small.race is None and small.choice.method == "exact"
+
+
+def test_estimator_races_and_records_why(caplog):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2_300, 4))
+    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.1 * rng.standard_normal(2_300)
+    with caplog.at_level(logging.INFO, logger="gpscale.fit"):
+        reg = GPRegressor(epochs=6, max_time=120, chunk_size=512).fit(X[:2_100], y[:2_100])
+    assert reg.method_ in ("cagp-opt", "softki")  # the keys that take chunk_size
+    assert reg.method_reason_.startswith("a race on 315 held-out rows of 2,100")
+    assert "racing cagp-opt, softki" in caplog.text
+    rmse = float(np.sqrt(np.mean((reg.predict(X[2_100:]) - y[2_100:]) ** 2)))
+    assert rmse < 0.5 * float(np.std(y))
+
+
+def test_cli_fit_races_and_writes_the_reason(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((2_600, 3))
+    y = np.sin(2 * X[:, 0]) + X[:, 1] ** 2 / 4 + 0.1 * rng.standard_normal(2_600)
+    path = tmp_path / "d.csv"
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="a,b,c,y", comments="")
+    code = main(["fit", "--data", str(path), "--target", "y", "--epochs", "4",
+                 "--max-time", "200", "-o", "chunk_size=512", "--out", str(tmp_path / "run")])
+    assert code == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["method"] in ("cagp-opt", "softki") and metrics["auto_time_s"] > 0
+    assert metrics["train_time_s"] + metrics["auto_time_s"] <= 200 + 30
