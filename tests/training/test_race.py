@@ -177,3 +177,20 @@ def test_cli_fit_races_and_writes_the_reason(tmp_path, capsys):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["method"] in ("cagp-opt", "softki") and metrics["auto_time_s"] > 0
     assert metrics["train_time_s"] + metrics["auto_time_s"] <= 200 + 30
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_rank_zeros_race(tmp_path):
+    """With --nproc rank 0 races (no exact GP: it has no data-parallel path) and both ranks
+    train its winner."""
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((2_600, 4))
+    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.1 * rng.standard_normal(2_600)
+    path = tmp_path / "d.csv"
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="a,b,c,d,y", comments="")
+    assert main(["fit", "--data", str(path), "--target", "y", "--epochs", "4", "--max-time",
+                 "200", "-o", "chunk_size=512", "--out", str(tmp_path / "run"), "--no-progress",
+                 "--nproc", "2"]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["method"] in ("cagp-opt", "softki") and metrics["nproc"] == 2
+    assert math.isfinite(metrics["test_nll"]) and metrics["test_rmse"] < 0.6

@@ -47,6 +47,9 @@ SUITES: dict[str, Suite] = {
         Suite("defaults", "gpscale.benchmarks.defaults",
               "every method with no options (what gpscale fit gives a new user) on Parkinsons, "
               "Elevators, Bike, Protein, Kin40k; classification keys on gmm10 and MNIST"),
+        Suite("auto", "gpscale.benchmarks.auto",
+              "method auto (its race) against every key it races, each with its defaults, "
+              "on the UCI sets beyond 2,000 rows and generated sets of 12, 128 and 3 inputs"),
         Suite("calibration", "gpscale.benchmarks.calibration",
               "95 % interval coverage and mean predictive std of every regression key with "
               "its defaults on generated sets of known noise (d = 1, 5) and Parkinsons, "

@@ -39,7 +39,7 @@ __all__ = [
     "SyntheticData", "MixtureComponents", "FieldStream", "rbf_prior_sample",
     "binary_classification", "poisson_counts", "mixture_components", "gaussian_mixture",
     "noisy_sine", "demo_regression", "stream_field", "field_dataset", "few_relevant_inputs",
-    "additive_parts", "ADDITIVE_PARTS_KERNEL",
+    "additive_parts", "ADDITIVE_PARTS_KERNEL", "projections",
 ]
 
 _FLOAT = torch.float64
@@ -264,6 +264,25 @@ def additive_parts(num_train: int = 1_000_000, num_test: int = 100_000, *, noise
     for k in range(3):
         a, b = x[:, 6 + 2 * k], x[:, 7 + 2 * k]
         f = f + torch.sin(2 * math.pi * (a + b)) * torch.cos(math.pi * b)
+    y = f + math.sqrt(noise) * torch.randn(f.shape, generator=generator, dtype=_FLOAT)
+    return SyntheticData(x[:num_train], y[:num_train], x[num_train:], y[num_train:],
+                         f[:num_train], f[num_train:])
+
+
+def projections(num_train: int = 2_250, num_test: int = 250, *, num_dims: int = 128,
+                noise: float = 0.0025, seed: int = 0) -> SyntheticData:
+    r"""Regression on ``num_dims`` standard-normal inputs through ten random projections of the
+    first ten: :math:`f(x) = \sum_{k < 10} \sin(w_k^\top x_{0:10}) + 0.3\, x_0 x_1` with
+    :math:`w_k \sim \mathcal N(0, I/10)`, y = f + ε with noise variance ``noise``. Few rows for
+    many inputs, most irrelevant: the case where how an optimiser copes with ``num_dims`` ARD
+    lengthscales decides between the scalable methods.
+    """
+    if num_dims < 10:
+        raise ValueError(f"projections needs num_dims >= 10; got {num_dims}")
+    generator = _generator(seed)
+    x = torch.randn(num_train + num_test, num_dims, generator=generator, dtype=_FLOAT)
+    w = torch.randn(10, 10, generator=generator, dtype=_FLOAT) / math.sqrt(10)
+    f = torch.sin(x[:, :10] @ w.T).sum(1) + 0.3 * x[:, 0] * x[:, 1]
     y = f + math.sqrt(noise) * torch.randn(f.shape, generator=generator, dtype=_FLOAT)
     return SyntheticData(x[:num_train], y[:num_train], x[num_train:], y[num_train:],
                          f[:num_train], f[num_train:])

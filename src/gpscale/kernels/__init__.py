@@ -20,9 +20,8 @@ backend       kernels                           how
 ``keops``     as ``fused``                      pykeops (``pip install gpscale[keops]``)
 ``native``    as ``fused``, CPU                 C row kernels (:mod:`gpscale.linalg.native`)
 ``triton``    as ``fused``, CUDA                Triton kernels (:mod:`gpscale.linalg.triton`)
-``composed``  sums of scaled products of RBF /  on a CPU the C panels of ``native`` (the sum
-              Matérn on column groups           formed per entry), else each tile built once and
-                                                one GEMM (:mod:`gpscale.linalg.composed`)
+``composed``  sums of scaled products of RBF /  CPU: ``native``'s C panels; else a tile built
+              Matérn on column groups           once, one GEMM (:mod:`gpscale.linalg.composed`)
 ============  ================================  ====================================================
 
 `native` covers the block-sparse products of CaGP-Opt (``kernel_block_sparse_matmul``, and the

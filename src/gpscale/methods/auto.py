@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpscale.kernels import is_expression
+from gpscale.kernels.algebra import parse_kernel
 from gpscale.limits import available_memory, device_memory
 from gpscale.methods.options import AUTO_PREFIT_MIN_POINTS, OptionError
 from gpscale.methods.registry import get_spec
@@ -407,17 +408,19 @@ def _taking_the_kernel(task: str, choice: Choice, options: Mapping[str, Any]) ->
 
 
 def _grids_take(kernel: Any, d: int) -> bool:
-    """Whether ``kernel`` is an expression ``ggp`` builds on ``d`` inputs: a sum of terms on
-    groups of at most :data:`GRID_MAX_DIMS` inputs, one grid each."""
+    """Whether ``kernel`` is an expression ``ggp`` builds on ``d`` inputs: one it takes
+    (its option's refusal) whose terms each read at most :data:`GRID_MAX_DIMS` inputs, one
+    grid each."""
     if not isinstance(kernel, str) or not is_expression(kernel.strip()):
         return False
-    from gpscale.methods.ski.additive import additive_terms  # the grid family, on demand
-
-    try:
-        additive_terms(kernel.strip(), d)
-    except ValueError:
+    option = next(o for o in get_spec("ggp").options if o.name == "kernel")
+    if option.refusal(kernel) is not None:
         return False
-    return True
+    try:
+        groups = parse_kernel(kernel.strip()).resolve(d)
+    except ValueError:  # a syntax error, or a column beyond d: the option's check names it
+        return False
+    return all(len({j for cols in term for j in cols}) <= GRID_MAX_DIMS for term in groups)
 
 
 def _additive_grids(task: str, choice: Choice, options: Mapping[str, Any], d: int) -> Choice:
