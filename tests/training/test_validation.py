@@ -68,3 +68,18 @@ def test_an_improving_score_keeps_the_last_epoch():
     assert validation.best_epoch == 15
     with pytest.raises(ValueError, match="patience"):
         Validation(lambda m: {"s": 0.0}, patience=0)
+
+
+def test_patience_holds_a_minimum_of_optimiser_steps():
+    from gpscale.training.validation import (
+        VALIDATION_MIN_STEPS,
+        VALIDATION_PATIENCE,
+        validation_patience,
+    )
+
+    # many steps per epoch: the epoch count rules; few: enough epochs for the step minimum
+    assert validation_patience(200_000, 1024) == VALIDATION_PATIENCE
+    assert validation_patience(1_350, 1024) == VALIDATION_MIN_STEPS // 2
+    assert validation_patience(1_350, None) == VALIDATION_MIN_STEPS
+    epochs = validation_patience(9_000, 1024)
+    assert epochs * 9 >= VALIDATION_MIN_STEPS > (epochs - 1) * 9

@@ -29,6 +29,7 @@ changes nothing; nothing here names a method key or probes a model for an attrib
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -47,7 +48,8 @@ from gpscale.training.history import History
 from gpscale.training.laplace import learn_kernel
 from gpscale.training.parallel import DataParallel
 from gpscale.training.prefit import fill_prefit_options, prefit_lr_cap, start_resolvable
-from gpscale.training.validation import Validation, split_holdout
+from gpscale.training.schedules import LOSS_SD
+from gpscale.training.validation import Validation, split_holdout, validation_patience
 
 __all__ = ["Trained", "build_method", "cast", "train_built", "train_method", "load_warm",
            "start_warm"]
@@ -128,7 +130,10 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
     if calibrating:  # trains on the rest, calibrates σ² on the held-out rows below
         history, state = fit(model, loss_fn, split[0], config, callbacks), None
     elif split is not None:  # trains on the rest, keeps the best epoch on the held-out rows
-        validation = Validation(model.validation_score(*split, seed=config.seed))
+        validation = Validation(model.validation_score(*split, seed=config.seed),
+                                patience=validation_patience(split[0][0].shape[0],
+                                                             config.batch_size),
+                                tolerance=LOSS_SD / math.sqrt(split[1][0].shape[0]))
         history = fit(model, loss_fn, split[0], config, callbacks, validation=validation)
         state = None
     elif model.trainable:

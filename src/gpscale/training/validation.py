@@ -23,12 +23,25 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Validation", "split_holdout", "VALIDATION_PATIENCE"]
+__all__ = ["Validation", "split_holdout", "VALIDATION_PATIENCE", "VALIDATION_MIN_STEPS",
+           "validation_patience"]
 
 log = logging.getLogger("gpscale.training")
 
 VALIDATION_PATIENCE = 10
 """Epochs without an improvement of the held-out score (by ``min_delta``) before stopping."""
+VALIDATION_MIN_STEPS = 300
+"""Fewest optimiser steps without an improvement before stopping: on a few thousand rows an
+epoch is one or two minibatch steps, and ten of them at a small learning rate move the held-out
+score less than its own noise, however far training still has to go."""
+
+
+def validation_patience(num_rows: int, batch_size: int | None) -> int:
+    """The patience in epochs for ``num_rows`` training rows in batches of ``batch_size``
+    (``None``: full batch): :data:`VALIDATION_PATIENCE` epochs, or as many as hold
+    :data:`VALIDATION_MIN_STEPS` steps."""
+    steps = 1 if batch_size is None else max(1, math.ceil(num_rows / batch_size))
+    return max(VALIDATION_PATIENCE, math.ceil(VALIDATION_MIN_STEPS / steps))
 
 
 def split_holdout(x: Tensor, y: Tensor, rows: int, seed: int
@@ -50,13 +63,16 @@ class Validation:
         patience: epochs without an improvement larger than ``min_delta`` before :attr:`stop`.
         min_delta: the absolute improvement that resets the patience (any improvement still
             makes an epoch the best one).
+        tolerance: how much worse than the best the last epoch may score and be kept.
     """
 
     def __init__(self, score: Callable[[nn.Module], dict[str, float]], *,
-                 patience: int = VALIDATION_PATIENCE, min_delta: float = 1e-3):
+                 patience: int = VALIDATION_PATIENCE, min_delta: float = 1e-3,
+                 tolerance: float = 0.0):
         if patience < 1:
             raise ValueError(f"patience must be ≥ 1; got {patience}")
         self.score_fn, self.patience, self.min_delta = score, patience, float(min_delta)
+        self.tolerance = float(tolerance)
         self.best, self.best_epoch, self.state = math.inf, 0, None
         self.level, self.since, self.last = math.inf, 0, math.inf
 
@@ -84,9 +100,11 @@ class Validation:
         return metrics
 
     def restore(self, model: nn.Module) -> dict[str, Any] | None:
-        """Load the best epoch's parameters if the last epoch scored worse; returns what was
-        restored (recorded in the history), or ``None``."""
-        if self.state is None or not self.last > self.best:
+        """Load the best epoch's parameters if the last epoch scored worse by more than
+        ``tolerance`` (the held-out score's own noise: a difference within it says nothing
+        about which epoch generalises better, and the last has trained longer); returns what
+        was restored (recorded in the history), or ``None``."""
+        if self.state is None or not self.last > self.best + self.tolerance:
             return None
         model.load_state_dict(self.state)
         log.info("held-out score %.6g of the last epoch is worse than epoch %d's %.6g: its "
