@@ -59,11 +59,11 @@ from gpscale.methods.auto import AUTO
 from gpscale.methods.base import module_device
 from gpscale.methods.options import composed_dtype, kernel_in_model_units
 from gpscale.methods.registry import METHODS, get_spec
-from gpscale.run import MIN_FINAL_SHARE, plan_text
+from gpscale.run import plan_text
 from gpscale.training import FitConfig, History, resolve_fit_config
 from gpscale.training.config import DEFAULT_BUDGET_S, DTYPES, MAX_LR, OPTIMIZERS, SCHEDULERS
 from gpscale.training.harness import cast, train_method
-from gpscale.training.race import pick_auto, warm_options
+from gpscale.training.race import final_budget, pick_auto, warm_options
 from gpscale.validation import check_class_labels, check_finite_output, check_x, nonfinite_rows
 
 __all__ = ["GPRegressor", "GPClassifier", "estimator_from_payload", "UNTIMED_MAX_ROWS"]
@@ -230,7 +230,7 @@ class _GPEstimator(BaseEstimator):
         key = picked.choice.method
         if picked.race is None:
             return key, picked.options, None, None
-        left = max(budget - (time.perf_counter() - tic), MIN_FINAL_SHARE * budget)
+        left = final_budget(budget, time.perf_counter() - tic)
         return key, warm_options(key, picked.options, given), picked.warm, left
 
     def _transform_xy(self, x, y):

@@ -46,7 +46,7 @@ from gpscale.training.calibration import coverage_message
 from gpscale.training.config import DEFAULT_BUDGET_S
 from gpscale.training.harness import cast, train_method
 from gpscale.training.prefit import exact_prefit_wanted
-from gpscale.training.race import AutoPick, pick_auto, warm_options
+from gpscale.training.race import AutoPick, final_budget, pick_auto, warm_options
 
 __all__ = ["RunSpec", "RunResult", "Outcome", "OneProcess", "run", "run_metrics", "load_data",
            "predict_test", "write_outputs", "write_partial", "feature_names", "resolve_auto",
@@ -188,14 +188,9 @@ def resolve_auto(spec: RunSpec, data: Dataset,
     key = picked.choice.method
     if picked.race is None:
         return replace(spec, method=key, options=picked.options), None
-    left = max(budget - (time.perf_counter() - tic), MIN_FINAL_SHARE * budget)
+    left = final_budget(budget, time.perf_counter() - tic)
     options = warm_options(key, picked.options, spec.options)
     return replace(spec, method=key, options=options, max_time=left), picked.warm
-
-
-MIN_FINAL_SHARE = 0.1
-"""Least share of the budget the race's winner trains for on every row, should the race
-overrun its own share."""
 
 
 def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:

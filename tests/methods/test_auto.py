@@ -262,8 +262,9 @@ def test_a_failing_probe_warns_and_the_size_rules_decide():
 
 @pytest.mark.slow
 def test_cli_auto_probes_noisy_data_and_picks_svgp(tmp_path, caplog):
-    """`gpscale fit` without --method on 2,500 noisy rows of a smooth 5-D function: the probe
-    runs (its time in metrics.json), finds ρ far below PROBE_RATIO_MIN and SVGP trains."""
+    """`gpscale fit -o auto=rules` without --method on 2,500 noisy rows of a smooth 5-D
+    function: the probe runs (its time in metrics.json), finds ρ far below PROBE_RATIO_MIN and
+    SVGP trains."""
     rng = np.random.default_rng(4)
     x = rng.uniform(size=(2800, 5))
     y = np.sin(2 * x[:, 0]) + x[:, 1] + rng.normal(scale=0.5, size=2800)
@@ -273,7 +274,7 @@ def test_cli_auto_probes_noisy_data_and_picks_svgp(tmp_path, caplog):
     out = tmp_path / "run"
     with caplog.at_level(logging.INFO, logger="gpscale.fit"):
         assert main(["fit", "--data", str(path), "--target", "y", "--epochs", "2",
-                     "--out", str(out), "--no-progress"]) == 0
+                     "-o", "auto=rules", "--out", str(out), "--no-progress"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["method"] == "svgp" and metrics["auto_time_s"] > 0
     reason = next(r.getMessage() for r in caplog.records

@@ -53,7 +53,8 @@ from gpscale.training.harness import build_method, train_built
 from gpscale.training.probe import inducing_probe
 
 __all__ = ["HELD_SHARE", "HELD_MIN", "HELD_MAX", "RACE_SHARE", "Runner", "RaceResult",
-           "AutoPick", "race", "pick_auto", "held_out_split", "warm_parameters", "warm_options"]
+           "AutoPick", "MIN_FINAL_SHARE", "final_budget", "race", "pick_auto",
+           "held_out_split", "warm_parameters", "warm_options"]
 
 log = logging.getLogger("gpscale.fit")
 
@@ -68,6 +69,17 @@ RACE_SHARE = 0.5
 """Share of the time budget the race may use; the winner trains on every row for the rest
 (warm-started, so the race's time is not lost to it)."""
 
+MIN_FINAL_SHARE = 0.1
+"""Least share of the budget the race's winner trains for on every row, should the race
+overrun its own share."""
+
+
+def final_budget(budget: float, spent: float) -> float:
+    """Seconds the race's winner trains for on every row: what the race left of ``budget``,
+    at least :data:`MIN_FINAL_SHARE` of it."""
+    return max(budget - spent, MIN_FINAL_SHARE * budget)
+
+
 RACE_LBFGS_ITER = 5
 """L-BFGS iterations per epoch in a race slice (the exact GP's): the slice's clock is read
 between epochs, and a default epoch of 20 iterations at a few thousand points outlasts a
@@ -76,7 +88,7 @@ slice several times over."""
 
 @dataclass
 class Runner:
-    """One candidate in the race: its key, typed options, model and what it measured."""
+    """One candidate in the race: its key, typed options, model and its held-out scores."""
 
     key: str
     options: dict[str, Any]
