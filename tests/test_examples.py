@@ -96,4 +96,7 @@ def test_mauna_loa(tmp_path, data_root):
     rmse, lml = float(found.group(1)), float(found.group(2))
     rbf = float(re.search(r"with rbf kernel: test RMSE (\S+) ppm", out).group(1))
     assert rmse < 0.5 * rbf  # the seasonal cycle extrapolates; an RBF alone does not
-    assert math.isfinite(lml) and lml < 0
+    # trained to the optimum (the exact GP's preset here), at least scikit-learn's likelihood
+    # from the same start: -698.16 (GaussianProcessRegressor, the kernel's bounds as in its
+    # example, periodicity fixed)
+    assert -698.17 < lml < 0

@@ -14,8 +14,10 @@ method option (``num_inducing``, ``kernel``, ...) and round-trips through ``get_
 Method options are checked against the method's declaration (``gpscale methods KEY``) when the
 estimator is made and again in ``fit``: an unknown name or an ill-typed value is a ``ValueError``
 listing the valid options. Training options default to the method's own
-(:data:`gpscale.training.METHOD_DEFAULTS`). ``device="cuda"`` (or ``"auto"``) trains and predicts
-on a GPU; predictions come back as NumPy arrays either way.
+(:data:`gpscale.training.METHOD_DEFAULTS`); ``preset`` chooses among its presets as
+``gpscale fit --preset`` does (``"optimum"`` trains a full-batch method on to its objective's
+optimum instead of stopping where its gains fall below the loss's noise). ``device="cuda"``
+(or ``"auto"``) trains and predicts on a GPU; predictions come back as NumPy arrays either way.
 
 The estimator's own parameters are checked in ``fit``, as scikit-learn does, against
 ``_parameter_constraints``: a wrong type or value (``lr="fast"``, ``lr=0``, ``lr`` above
@@ -61,7 +63,14 @@ from gpscale.methods.options import composed_dtype, kernel_in_model_units
 from gpscale.methods.registry import METHODS, get_spec
 from gpscale.run import plan_text
 from gpscale.training import FitConfig, History, resolve_fit_config
-from gpscale.training.config import DEFAULT_BUDGET_S, DTYPES, MAX_LR, OPTIMIZERS, SCHEDULERS
+from gpscale.training.config import (
+    DEFAULT_BUDGET_S,
+    DTYPES,
+    MAX_LR,
+    OPTIMIZERS,
+    PRESETS,
+    SCHEDULERS,
+)
 from gpscale.training.harness import cast, train_method
 from gpscale.training.race import final_budget, pick_auto, warm_options
 from gpscale.validation import check_class_labels, check_finite_output, check_x, nonfinite_rows
@@ -72,7 +81,8 @@ UNTIMED_MAX_ROWS = 20_000
 """Up to this many training rows an estimator trains without a wall-clock budget unless
 ``max_time`` is given (reproducible fits); from there on the method's default budget applies."""
 
-_TRAINING_KEYS = ("optimizer", "lr", "epochs", "batch_size", "max_time", "scheduler", "device")
+_TRAINING_KEYS = ("optimizer", "lr", "epochs", "batch_size", "max_time", "scheduler", "device",
+                  "preset")
 
 
 class _GPEstimator(BaseEstimator):
@@ -90,6 +100,7 @@ class _GPEstimator(BaseEstimator):
         "optimizer": [StrOptions(set(OPTIMIZERS)), None],
         "max_time": [Interval(Real, 0, None, closed="neither"), None],
         "scheduler": [StrOptions(set(SCHEDULERS)), None],
+        "preset": [StrOptions(set(PRESETS))],
         "dtype": [StrOptions(set(DTYPES)), None],
         "device": [str, None],
         "standardize": ["boolean"],
@@ -100,7 +111,8 @@ class _GPEstimator(BaseEstimator):
     def __init__(self, method: str = "auto", *, epochs: int | None = None,
                  lr: float | None = None, batch_size: int | None = None,
                  optimizer: str | None = None, max_time: float | None = None,
-                 scheduler: str | None = None, dtype: str | None = None,
+                 scheduler: str | None = None, preset: str = "default",
+                 dtype: str | None = None,
                  device: str | None = None, standardize: bool = True,
                  random_state: int | np.random.RandomState | None = 0,
                  progress: bool = False, **options: Any):
@@ -111,6 +123,7 @@ class _GPEstimator(BaseEstimator):
         self.optimizer = optimizer
         self.max_time = max_time
         self.scheduler = scheduler
+        self.preset = preset
         self.dtype = dtype
         self.device = device
         self.standardize = standardize

@@ -68,7 +68,9 @@ class RunSpec:
         split, seed: data split and seed (seed also drives initialisation and shuffling).
         epochs, lr, batch_size, optimizer, max_time, scheduler: training overrides.
         preset: the training defaults these override: ``"default"`` (stop on convergence
-            within a time budget) or ``"paper"`` (the fixed epochs of the benchmark suites).
+            within a time budget), ``"paper"`` (the fixed epochs of the benchmark suites) or
+            ``"optimum"`` (default, trained on to the objective's optimum:
+            :data:`~gpscale.training.config.OPTIMUM_CHANGES`).
         eval_every: epochs between test evaluations during training; 0 evaluates only at the end.
         dtype: ``"float32"`` or ``"float64"``; ``None`` takes the method's default.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``; ``None`` is the CPU.

@@ -16,7 +16,7 @@ from gpscale.devices import minibatch_size
 from gpscale.methods.registry import DEFAULT_BUDGET_S, METHODS
 
 __all__ = ["FitConfig", "OPTIMIZERS", "SCHEDULERS", "DTYPES", "METHOD_DEFAULTS", "PAPER_DEFAULTS",
-           "PRESETS", "DEFAULT_BUDGET_S", "MAX_LR", "PresetDefaults",
+           "PRESETS", "OPTIMUM_DEFAULTS", "DEFAULT_BUDGET_S", "MAX_LR", "PresetDefaults",
            "default_fit_config", "resolve_fit_config"]
 
 OPTIMIZERS = ("adam", "lbfgs")
@@ -188,25 +188,29 @@ class PresetDefaults(Mapping[str, FitConfig]):
     """One preset's training defaults of every registered method key, as ``FitConfig`` objects:
     a read-only view of what each family declares (``MethodSpec.training_defaults``), built
     once per key (the same object on every lookup); a key that declares nothing for the preset
-    is not in it (it trains with ``FitConfig()``)."""
+    is not in it (it trains with ``FitConfig()``). A preset derived from another (``base``)
+    takes that preset's declarations with ``changes`` applied to every key."""
 
-    def __init__(self, preset: str):
+    def __init__(self, preset: str, *, base: str | None = None,
+                 changes: Mapping[str, Any] | None = None):
         self.preset = preset
+        self.base = base or preset
+        self.changes = dict(changes or {})
         self._built: dict[str, tuple[Any, FitConfig]] = {}
 
     def __getitem__(self, key: str) -> FitConfig:
         spec = METHODS[key]
-        declared = spec.training_defaults.get(self.preset)
+        declared = spec.training_defaults.get(self.base)
         if declared is None:
             raise KeyError(key)
         built = self._built.get(key)
         if built is None or built[0] is not spec:  # a key registered anew (tests) builds anew
-            built = self._built[key] = (spec, FitConfig(**declared))
+            built = self._built[key] = (spec, FitConfig(**{**declared, **self.changes}))
         return built[1]
 
     def __iter__(self) -> Iterator[str]:
         return (key for key, spec in list(METHODS.items())
-                if self.preset in spec.training_defaults)
+                if self.base in spec.training_defaults)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -224,12 +228,27 @@ METHOD_DEFAULTS = PresetDefaults("default")
 within :data:`DEFAULT_BUDGET_S` (:data:`gpscale.methods.registry.CONVERGE`); a key not listed
 trains with ``FitConfig()``."""
 
-PRESETS: dict[str, PresetDefaults] = {"default": METHOD_DEFAULTS, "paper": PAPER_DEFAULTS}
-"""The presets (:data:`gpscale.methods.registry.PRESETS`) by name."""
+OPTIMUM_CHANGES: dict[str, Any] = {"noise_plateau": False, "min_delta": 1e-6}
+"""What the ``optimum`` preset changes in each key's ``default`` settings: an improvement counts
+however small (relative 10⁻⁶), and none is judged against the loss's noise, so a full-batch run
+goes on to the optimum of its objective (the last nats of a marginal likelihood) rather than
+stopping where its gains are below what the training rows can tell apart. It predicts no better
+on new data and takes longer; it is for comparing likelihoods, as of two kernels, with another
+library's optimiser. A minibatch loss's noise keeps improving by chance, so there it trains on
+until the budget."""
+
+OPTIMUM_DEFAULTS = PresetDefaults("optimum", base="default", changes=OPTIMUM_CHANGES)
+"""The ``optimum`` preset: the ``default`` one trained on to the objective's optimum
+(:data:`OPTIMUM_CHANGES`; ``gpscale fit --preset optimum``)."""
+
+PRESETS: dict[str, PresetDefaults] = {"default": METHOD_DEFAULTS, "paper": PAPER_DEFAULTS,
+                                      "optimum": OPTIMUM_DEFAULTS}
+"""The presets by name: the two each method declares
+(:data:`gpscale.methods.registry.PRESETS`) and the one derived from ``default``."""
 
 
 def default_fit_config(method: str, preset: str = "default") -> FitConfig:
-    """The training defaults of method key ``method`` under ``preset`` (default or paper)."""
+    """The training defaults of method key ``method`` under ``preset`` (:data:`PRESETS`)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
     return PRESETS[preset].get(method, FitConfig())
