@@ -20,8 +20,11 @@ products. K is never stored. The forward runs
   one inner-product GEMM per leaf, its profile in place, then one GEMM with the right-hand
   sides.
 
-Gradients (inputs, right-hand sides, lengthscales, output scales) recompute each chunk of rows
-under autograd, whichever forward ran.
+Gradients (inputs, right-hand sides, lengthscales, output scales) are a hand-written
+vector-Jacobian product (:func:`gpscale.linalg.composed_grad.composed_vjp`), tile by tile,
+whichever forward ran: the right-hand sides' by this forward with rows and columns swapped,
+the rest from the adjoint of each tile of K. :func:`dense_tile` is the dense twin, K(a, b)
+differentiable under autograd, that the tests hold the product and its gradients to.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from gpscale.linalg import fused, native
-from gpscale.linalg.chunked import ChunkRule, autograd_rule, chunked_product
+from gpscale.linalg import composed_grad, fused, native
+from gpscale.linalg.chunked import ChunkRule, chunked_product
 
-__all__ = ["ComposedLeaf", "ComposedTerm", "composed_matmul", "native_applies"]
+__all__ = ["ComposedLeaf", "ComposedTerm", "composed_matmul", "dense_tile", "native_applies"]
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,9 @@ _VALUES = {
 derivative there is infinite while the profile's is finite)."""
 
 
-def _tile(terms: tuple[ComposedTerm, ...], a: Tensor, b: Tensor) -> Tensor:
-    """K(a, b) (c, w) of the composed kernel."""
+def dense_tile(terms: tuple[ComposedTerm, ...], a: Tensor, b: Tensor) -> Tensor:
+    """K(a, b) (c, w) of the composed kernel, formed densely and differentiable under autograd:
+    the dense twin of :func:`composed_matmul` and its gradients."""
     total = None
     for term in terms:
         part = None
@@ -106,35 +110,13 @@ def composed_matmul(terms: tuple[ComposedTerm, ...], x1: Tensor, x2: Tensor, rhs
         x1, x2, rhs: (n1, d), (n2, d), (n2, k).
         chunk: rows of x1 per chunk of the forward (default: all rows on the native path,
             :func:`fused.default_rows` on the tiles, which also tile the columns); the backward
-            recomputes at most ``fused.tile_entries`` entries at a time.
+            forms at most ``fused.tile_entries`` entries of each tile it needs at a time.
         native_forward: run the forward in C where :func:`native_applies`; False keeps the
             compiled tiles.
     """
     if x1.dim() != 2 or x2.dim() != 2 or rhs.dim() != 2:
         raise ValueError("composed_matmul takes 2-D inputs and right-hand sides (no batch)")
-    params = tuple(t for term in terms for t in (term.outputscale,
-                                                 *(leaf.lengthscale for leaf in term.leaves))
-                   if t.requires_grad)
-
-    def product(a: Tensor, b: Tensor, v: Tensor) -> Tensor:
-        return _tile(terms, a, b) @ v
-
-    recompute = autograd_rule(product, params)
-    step = max(1, fused.tile_entries(x1) // max(1, x2.shape[0]))  # rows a recompute holds
-
-    def vjp(a: Tensor, b: Tensor, v: Tensor, grad_out: Tensor, needs: tuple[bool, ...]):
-        total: list[Tensor | None] = [None] * len(needs)
-        rows_grads = []
-        for start in range(0, a.shape[0], step):
-            part = recompute.vjp(a[start:start + step], b, v, grad_out[start:start + step],
-                                 needs)
-            rows_grads.append(part[0])
-            for i in range(1, len(needs)):
-                if part[i] is not None:
-                    total[i] = part[i] if total[i] is None else total[i] + part[i]
-        total[0] = torch.cat(rows_grads) if needs[0] else None
-        return tuple(total)
-
+    params, slots = composed_grad.parameters(terms)
     if native_forward and native_applies(terms, x1, x2, rhs):
         symmetric = x1 is x2  # one chunk of all rows then takes the symmetric C product
 
@@ -142,11 +124,21 @@ def composed_matmul(terms: tuple[ComposedTerm, ...], x1: Tensor, x2: Tensor, rhs
             whole = symmetric and a.shape[0] == x1.shape[0]
             return _native_forward(terms, a, None if whole else b, v)
 
+        def transpose(a: Tensor, b: Tensor, g: Tensor) -> Tensor:  # K(b, a) @ g
+            whole = symmetric and a.shape[0] == x1.shape[0]
+            return _native_forward(terms, a, None, g) if whole else _native_forward(
+                terms, b, a, g)
+
         chunk = chunk or max(1, x1.shape[0])
     else:
         forward = partial(_fused_forward, terms)
+
+        def transpose(a: Tensor, b: Tensor, g: Tensor) -> Tensor:  # K(b, a) @ g
+            return _fused_forward(terms, b, a, g)
+
         chunk = chunk or fused.default_rows(x1)
-    rule = ChunkRule(forward=forward, vjp=vjp, params=recompute.params)
+    vjp = partial(composed_grad.composed_vjp, terms, slots, transpose, exact_dims=EXACT_DIMS)
+    rule = ChunkRule(forward=forward, vjp=vjp, params=params)
     return chunked_product(rule, x1, x2, rhs, chunk_size=chunk)
 
 
