@@ -29,7 +29,6 @@ differentiable under autograd, that the tests hold the product and its gradients
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -37,26 +36,9 @@ from torch import Tensor
 
 from gpscale.linalg import composed_grad, fused, native
 from gpscale.linalg.chunked import ChunkRule, chunked_product
+from gpscale.linalg.composed_grad import ComposedLeaf, ComposedTerm
 
 __all__ = ["ComposedLeaf", "ComposedTerm", "composed_matmul", "dense_tile", "native_applies"]
-
-
-@dataclass(frozen=True)
-class ComposedLeaf:
-    """One profile on some columns: ``profile`` (a key of :data:`fused.PROFILES`), the column
-    indices ``dims`` and the lengthscale (1, len(dims)) or (1, 1)."""
-
-    profile: str
-    dims: Tensor
-    lengthscale: Tensor
-
-
-@dataclass(frozen=True)
-class ComposedTerm:
-    """An output scale (scalar) times the product of its leaves."""
-
-    outputscale: Tensor
-    leaves: tuple[ComposedLeaf, ...]
 
 
 EXACT_DIMS = 3

@@ -60,7 +60,7 @@ again for V̄.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -68,10 +68,26 @@ from torch import Tensor
 from gpscale.linalg import fused
 from gpscale.linalg.reach import FAR_SQDIST
 
-if TYPE_CHECKING:
-    from gpscale.linalg.composed import ComposedLeaf, ComposedTerm
+__all__ = ["ComposedLeaf", "ComposedTerm", "TINY_SQDIST", "composed_vjp", "parameters"]
 
-__all__ = ["TINY_SQDIST", "composed_vjp", "parameters"]
+
+@dataclass(frozen=True)
+class ComposedLeaf:
+    """One profile on some columns: ``profile`` (a key of :data:`fused.PROFILES`), the column
+    indices ``dims`` and the lengthscale (1, len(dims)) or (1, 1)."""
+
+    profile: str
+    dims: Tensor
+    lengthscale: Tensor
+
+
+@dataclass(frozen=True)
+class ComposedTerm:
+    """An output scale (scalar) times the product of its leaves."""
+
+    outputscale: Tensor
+    leaves: tuple[ComposedLeaf, ...]
+
 
 TINY_SQDIST = 1e-30
 """D² below which the Matérn profiles' derivative is taken as 0 (the dense twin's clamp)."""
