@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from gpscale.methods.auto import race_candidates, split_mode
 from gpscale.methods.options import OptionError
 from gpscale.training import race as racing
 from gpscale.training.config import resolve_fit_config
-from gpscale.training.harness import build_method, load_warm
+from gpscale.training.harness import build_method, load_warm, train_built
 
 ADDITIVE = "rbf(0) + rbf(1) + rbf(2, 3)"
 
@@ -121,6 +122,55 @@ def test_race_halves_and_is_deterministic_under_a_seed():
         assert f"{r.key} NLL {r.nll:.3f}" in first.choice.reason
     assert any(name.endswith("raw_lengthscale") for name in first.warm)
     assert all(not t.requires_grad and t.device.type == "cpu" for t in first.warm.values())
+
+
+def test_on_trained_sees_the_parameters_before_the_calibration():
+    """SoftKI's held-out calibration rescales its outputscale and sets its noise after
+    training; the hook sees the values the optimiser left, which the race continues from."""
+    config = replace(_config("softki"), epochs=3, max_time=None)
+    x, y = (t.to(config.torch_dtype) for t in _data(1_500, 3))
+    model, _ = build_method("softki", (x, y), task="regression", num_classes=None,
+                            options={"num_inducing": 16}, config=config, seed=0)
+    seen = {}
+    train_built(model, (x, y), config, on_trained=lambda m: seen.update(
+        racing.warm_parameters(m)))
+    after = racing.warm_parameters(model)
+    assert seen.keys() == after.keys()
+    assert not torch.equal(seen["log_noise"], after["log_noise"])  # calibrated after the hook
+    torch.testing.assert_close(seen["inducing_points"], after["inducing_points"], rtol=0, atol=0)
+
+
+def test_slices_and_the_winner_go_on_from_the_trained_parameters(monkeypatch):
+    """A candidate's next slice, and the winner's final run, start from its parameters as
+    training left them, not as the calibration for prediction left them."""
+    real = racing.train_built
+    starts: dict[int, list] = {}
+    ends: dict[int, list] = {}
+
+    def spy(model, train, config, *args, on_trained=None, **kwargs):
+        starts.setdefault(id(model), []).append(racing.warm_parameters(model))
+
+        def keep(m):
+            ends.setdefault(id(m), []).append(racing.warm_parameters(m))
+            on_trained(m)
+
+        return real(model, train, config, *args, on_trained=keep, **kwargs)
+
+    monkeypatch.setattr(racing, "train_built", spy)
+    x, y = _data(1_500, 3)
+    result = racing.race(["softki", "svgp", "solvegp"], x, y, options={"num_inducing": 16},
+                         config_for=_config, budget=1_000.0, seed=3, epochs=12)
+    continued = [key for key in starts if len(starts[key]) == 2]
+    assert continued  # two rounds: the better half trained twice
+    for key in continued:
+        second, first_end = starts[key][1], ends[key][0]
+        assert second.keys() == first_end.keys()
+        for name in second:
+            assert torch.equal(second[name], first_end[name]), name
+    winner = id(result.runners[0].model)
+    assert winner in continued
+    for name, value in result.warm.items():
+        assert torch.equal(value, ends[winner][1][name]), name
 
 
 def test_a_failing_candidate_leaves_the_race(monkeypatch):

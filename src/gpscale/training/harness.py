@@ -111,13 +111,17 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
 
 def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
                 callbacks: Sequence[Any] = (), *, loss_fn: Callable | None = None,
-                parallel: DataParallel | None = None, condition: bool = True
+                parallel: DataParallel | None = None, condition: bool = True,
+                on_trained: Callable[[Method], None] | None = None
                 ) -> tuple[History, Any]:
     """Train (or condition) ``model`` on ``train``; returns (history, state).
 
     ``state`` is ``model.posterior(*train)`` after training (``None`` with ``condition=False``,
     e.g. for a rank that holds a shard only). ``parallel`` is the data-parallel hook of
     ``training.fit``; its ``all_reduce`` (sum over ranks) is handed to ``finalize``.
+    ``on_trained(model)`` sees the model as its optimiser left it, before ``finalize`` and the
+    held-out calibration change its noise and scale for prediction (``auto``'s race continues
+    training from there, not from the calibrated values).
     """
     x, y = train
     cap = model.max_start_lr
@@ -142,6 +146,8 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
         history, state = learn_kernel(model, train, config, callbacks)
     else:
         history, state = condition_only(model, train, callbacks)
+    if on_trained is not None:
+        on_trained(model)
     with torch.no_grad():
         changed = model.finalize(x, y, None if parallel is None else parallel.all_reduce,
                                  **({} if split is None else {"held": split}))

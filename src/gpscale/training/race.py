@@ -15,12 +15,15 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    between ⌈log₂ k⌉ rounds, a round's time evenly between the candidates still in it; after
    each round the candidates are ranked by their held-out negative log predictive density
    (NLL, the quantity that judges mean and intervals together) and the better half goes on,
-   training on from where it stopped.
+   training on from where its optimiser stopped: the noise and scale a method calibrates on
+   held-out rows for prediction (SoftKI rescales its outputscale) are scored,
+   then set back to their trained values, which the training loss moves on from smoothly.
 4. The winner is rebuilt on every row and trained for the rest of the budget, starting from
-   the parameters its race ended with wherever their shapes still fit (hyperparameters,
-   inducing points and variational parameters; not per-row actions), at its pre-fit learning
-   rate. :class:`RaceResult` records each candidate's held-out NLL, RMSE, epochs and seconds
-   for the reason line (``method_reason_``, the ``gpscale fit`` log).
+   the parameters its race's training ended with (again before the calibration) wherever
+   their shapes still fit (hyperparameters, inducing points and variational parameters; not
+   per-row actions), at its pre-fit learning rate. :class:`RaceResult` records each
+   candidate's held-out NLL, RMSE, epochs and seconds for the reason line
+   (``method_reason_``, the ``gpscale fit`` log).
 
 The race is a wall-clock race: each slice is seconds (and, where ``epochs`` is given, a share
 of the epochs). With the same seed, the rows held out, every candidate's start and its
@@ -49,7 +52,7 @@ from gpscale.methods.base import Method
 from gpscale.methods.options import PREFIT_OFF
 from gpscale.methods.registry import get_spec
 from gpscale.training.config import FitConfig
-from gpscale.training.harness import build_method, train_built
+from gpscale.training.harness import build_method, load_warm, train_built
 from gpscale.training.probe import inducing_probe
 
 __all__ = ["HELD_SHARE", "HELD_MIN", "HELD_MAX", "RACE_SHARE", "Runner", "RaceResult",
@@ -99,6 +102,9 @@ class Runner:
     rmse: float = math.inf
     round_out: int | None = None
     failure: str | None = None
+    trained: dict[str, Tensor] | None = field(default=None, repr=False)
+    """The parameters as training left them, before the noise and scale were calibrated for
+    prediction: where the next slice and the winner's final run start."""
 
     def describe(self) -> str:
         """``svgp NLL −1.002 RMSE 0.110 (41 epochs, 38 s)`` and how it left the race."""
@@ -199,8 +205,9 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
     seconds = time.perf_counter() - tic
     reason = (f"a race on {len(held_rows):,} held-out rows of {x.shape[0]:,} ({seconds:.0f} s): "
               + "; ".join(r.describe() for r in order) + f": {best.key}, the best held-out NLL")
-    return RaceResult(Choice(best.key, reason), best.options, warm_parameters(best.model),
-                      tuple(order), seconds, len(held_rows))
+    warm = best.trained if best.trained is not None else warm_parameters(best.model)
+    return RaceResult(Choice(best.key, reason), best.options, warm, tuple(order), seconds,
+                      len(held_rows))
 
 
 def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor, Tensor],
@@ -224,9 +231,15 @@ def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor,
                                                num_classes=None, options=runner.options,
                                                config=config, seed=None,
                                                device=config.torch_device)
+            elif runner.trained is not None:  # on from where training, not calibration, left it
+                load_warm(runner.model, runner.trained)
             device = config.torch_device
+
+            def keep(model: Method) -> None:
+                runner.trained = warm_parameters(model)
+
             history, state = train_built(runner.model, tuple(t.to(device) for t in data),
-                                         config)
+                                         config, on_trained=keep)
             runner.model.eval()
             with torch.no_grad():
                 pred = runner.model.predict(state, held[0].to(device=device,
