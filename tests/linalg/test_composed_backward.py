@@ -148,6 +148,24 @@ def test_float32_stays_close_to_float64(name, layout, path, generator):
         assert (g.double() - w).abs().max() <= 1e-4 * w.abs().max()
 
 
+def test_float64_hyperparameters_with_float32_inputs(path, generator):
+    """A model whose hyperparameters are float64 and whose data are float32 (the native path
+    declines mixed dtypes, the tiles take them): the product comes back in the inputs' dtype,
+    each gradient in its own tensor's, within float32's rounding of the float64 twin."""
+    kernel = _gpytorch_kernel(SPECS["wide product + three leaves"])
+    x1, x2, V = _inputs(generator, "rectangular")
+    weights = torch.randn(x1.shape[0], V.shape[1], generator=generator)
+    want = _grads(dense_tile(composed_terms(kernel), x1, x2) @ V, x1, x2, V, kernel, weights)
+    a, b, v = (t.detach().float().requires_grad_() for t in (x1, x2, V))
+    out = composed_matmul(composed_terms(kernel), a, b, v, native_forward=path)
+    assert out.dtype == torch.float32
+    got = _grads(out, a, b, v, kernel, weights.float())
+    assert [g.dtype for g in got[:3]] == [torch.float32] * 3  # x1, x2, V
+    assert all(g.dtype == torch.float64 for g in got[3:])  # the kernel's parameters
+    for g, w in zip(got, want, strict=True):
+        assert (g.double() - w).abs().max() <= 1e-4 * w.abs().max()
+
+
 @pytest.mark.parametrize("profile", ["matern12", "matern32", "matern52", "rbf"])
 def test_coincident_points_match_the_dense_twin(profile, path, chunk, generator):
     """At coincident points (the diagonal and duplicated rows) D² = 0 exactly in groups of at

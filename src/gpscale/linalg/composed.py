@@ -138,7 +138,7 @@ def native_applies(terms: tuple[ComposedTerm, ...], x1: Tensor, x2: Tensor, rhs:
 def _gathered(terms: tuple[ComposedTerm, ...], x: Tensor) -> Tensor:
     """Each leaf's columns of x divided by its lengthscales, side by side in leaf order
     (n, Σ_l |c_l|): the layout of :func:`gpscale.linalg.native.composed_product`."""
-    return torch.cat([x[:, leaf.dims] / leaf.lengthscale.detach().reshape(-1)
+    return torch.cat([x[:, leaf.dims] / leaf.lengthscale.detach().reshape(-1).to(x.dtype)
                       for term in terms for leaf in term.leaves], dim=-1)
 
 
@@ -162,7 +162,7 @@ def _fused_forward(terms: tuple[ComposedTerm, ...], a: Tensor, b: Tensor, v: Ten
                   for term in terms for j, leaf in enumerate(term.leaves)]
         scaled = []
         for leaf, _ in leaves:
-            ell = leaf.lengthscale.detach().reshape(-1)
+            ell = leaf.lengthscale.detach().reshape(-1).to(a.dtype)  # float64 ℓ, float32 x
             z1, z2 = (a[:, leaf.dims] / ell)[None], (b[:, leaf.dims] / ell)[None]
             if z1.shape[-1] <= EXACT_DIMS:  # differences, as _sqdist: 0 at coincident points
                 exact = z1.shape[-1]
