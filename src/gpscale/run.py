@@ -163,7 +163,8 @@ def with_item_shape(spec: RunSpec, data: Dataset) -> RunSpec:
 
 def resolve_auto(spec: RunSpec, data: Dataset,
                  agree: Callable[[Callable[[], AutoPick]], AutoPick] | None = None,
-                 parallel: bool = False) -> tuple[RunSpec, dict[str, torch.Tensor] | None]:
+                 parallel: bool = False, race_limit: float | None = None
+                 ) -> tuple[RunSpec, dict[str, torch.Tensor] | None]:
     """``spec`` with ``method="auto"`` replaced by the key ``auto`` picks for ``data``
     (:func:`gpscale.training.race.pick_auto`: a race on held-out rows, or the rules), its
     reason logged on ``gpscale.fit``, and the parameters the winner starts from (``None``
@@ -172,7 +173,7 @@ def resolve_auto(spec: RunSpec, data: Dataset,
 
     ``agree(choose)`` runs ``choose`` where the processes of a data-parallel run agree on one
     result (rank 0 chooses, the others receive it); ``parallel`` leaves out the keys without a
-    data-parallel path."""
+    data-parallel path; ``race_limit``: most seconds the race may take (the others' wait)."""
     if spec.method != AUTO:
         return spec, None
     tic = time.perf_counter()
@@ -183,6 +184,7 @@ def resolve_auto(spec: RunSpec, data: Dataset,
                          options=spec.options,
                          device=FitConfig(device=spec.device or "cpu").torch_device,
                          seed=spec.seed, budget=budget, epochs=spec.epochs, parallel=parallel,
+                         race_limit=race_limit,
                          config_for=lambda key: fit_config(replace(spec, method=key),
                                                            data.num_train)[0])
 
@@ -344,7 +346,8 @@ def run(spec: RunSpec, processes: Any = None) -> RunResult:
     spec = spec if options == spec.options else replace(spec, options=options)
     tic = time.perf_counter()
     chosen, warm = resolve_auto(spec, data, getattr(processes, "agree", None),
-                                parallel=not isinstance(processes, OneProcess))
+                                parallel=not isinstance(processes, OneProcess),
+                                race_limit=getattr(processes, "race_limit", None))
     choice_time = {"auto_time_s": time.perf_counter() - tic} if chosen != spec else {}
     spec = with_item_shape(chosen, data)
     config, dtype = fit_config(spec, data.num_train)

@@ -48,6 +48,12 @@ class Ranks:
     def slowest(seconds: float) -> float:
         return all_reduce_max(seconds)
 
+    @property
+    def race_limit(self) -> float:
+        """Most seconds ``auto``'s race may take: the other ranks wait for it in one
+        collective, so half its timeout (a slice can overrun its share)."""
+        return 0.5 * self.env.timeout
+
     def agree(self, choose: Callable[[], Any]) -> Any:
         """``choose()`` on rank 0, its result on every rank (``auto``'s choice: a race timed
         on one rank alone, which the others wait for)."""

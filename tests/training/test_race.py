@@ -173,6 +173,25 @@ def test_slices_and_the_winner_go_on_from_the_trained_parameters(monkeypatch):
         assert torch.equal(value, ends[winner][1][name]), name
 
 
+def test_the_race_keeps_inside_its_limit_whatever_the_budget(monkeypatch):
+    """A data-parallel run's other processes wait for rank 0's race inside one collective's
+    timeout: ``limit`` caps the slices' seconds however long the budget."""
+    shares = []
+    real = racing._run_slice
+
+    def spy(runner, train, held, config_for, seconds, *args):
+        shares.append(seconds)
+        return real(runner, train, held, config_for, 0.2, *args)
+
+    monkeypatch.setattr(racing, "_run_slice", spy)
+    x, y = _data(600, 3)
+    racing.race(["svgp", "softki", "solvegp"], x, y, options={}, config_for=_config,
+                budget=100_000.0, seed=0, limit=6.0)
+    assert len(shares) == 5  # three slices in round 1, two in round 2
+    assert shares[:3] == [pytest.approx(6.0 / 2 / 3, rel=0.05)] * 3  # 2 rounds, 3 in the 1st
+    assert all(0 < share <= 6.0 / 2 for share in shares[3:])  # what the 1st left, halved
+
+
 def test_a_failing_candidate_leaves_the_race(monkeypatch):
     import gpscale.training.race as race_module
 

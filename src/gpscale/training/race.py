@@ -155,7 +155,7 @@ def _rounds(count: int) -> int:
 
 def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
          config_for: Callable[[str], FitConfig], budget: float, seed: int,
-         epochs: int | None = None) -> RaceResult:
+         epochs: int | None = None, limit: float | None = None) -> RaceResult:
     """Race ``keys`` on ``x`` (n, d), ``y`` (n,) (standardised, as the methods train on
     them) for at most :data:`RACE_SHARE` of ``budget`` seconds (module docstring).
 
@@ -167,6 +167,8 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
         budget: the whole run's time budget in seconds.
         seed: seeds the held-out rows, each candidate's build and its minibatches.
         epochs: the user's epoch budget, if any: each slice gets the round's share of it.
+        limit: most seconds the race may take whatever the budget (a data-parallel run's
+            other processes wait for rank 0's race inside one collective's timeout).
     """
     if len(keys) < 2:
         raise ValueError(f"a race needs at least two candidates; got {keys}")
@@ -176,12 +178,13 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
     runners = [Runner(key, resolve_options(Choice(key, "a race candidate"), options))
                for key in keys]
     rounds, alive = _rounds(len(runners)), list(runners)
+    allowed = RACE_SHARE * budget if limit is None else min(RACE_SHARE * budget, limit)
     log.info("method auto: racing %s on %d held-out rows of %d, %d round%s in %.0f s",
              ", ".join(keys), len(held_rows), x.shape[0], rounds, "s" * (rounds > 1),
-             RACE_SHARE * budget)
+             allowed)
     for number in range(1, rounds + 1):
         spent = time.perf_counter() - tic
-        left = RACE_SHARE * budget - spent
+        left = allowed - spent
         if left <= 0 and number > 1:
             log.info("method auto: the race's time is spent after round %d", number - 1)
             break
@@ -271,7 +274,8 @@ class AutoPick:
 def pick_auto(task: str, x: Tensor, y: Tensor, *, num_classes: int | None,
               options: Mapping[str, Any], device: Any, seed: int,
               config_for: Callable[[str], FitConfig], budget: float,
-              epochs: int | None = None, parallel: bool = False) -> AutoPick:
+              epochs: int | None = None, parallel: bool = False,
+              race_limit: float | None = None) -> AutoPick:
     """Resolve ``method="auto"`` on standardised training data: a race
     (:func:`race`) among :func:`~gpscale.methods.auto.race_candidates` where there are two or
     more, else the rules (:func:`gpscale.methods.auto.pick`, with the inducing probe where it
@@ -287,7 +291,7 @@ def pick_auto(task: str, x: Tensor, y: Tensor, *, num_classes: int | None,
         return AutoPick(choice, typed)
     auto.check_options(task, rest)
     result = race(keys, x, y, options=rest, config_for=config_for, budget=budget, seed=seed,
-                  epochs=epochs)
+                  epochs=epochs, limit=race_limit)
     log.info("method auto: %s", result.choice.reason)
     return AutoPick(result.choice, result.options, result.warm, result)
 
