@@ -164,18 +164,19 @@ def with_item_shape(spec: RunSpec, data: Dataset) -> RunSpec:
 def resolve_auto(spec: RunSpec, data: Dataset,
                  agree: Callable[[Callable[[], AutoPick]], AutoPick] | None = None,
                  parallel: bool = False, race_limit: float | None = None
-                 ) -> tuple[RunSpec, dict[str, torch.Tensor] | None]:
+                 ) -> tuple[RunSpec, dict[str, torch.Tensor] | None, str | None]:
     """``spec`` with ``method="auto"`` replaced by the key ``auto`` picks for ``data``
     (:func:`gpscale.training.race.pick_auto`: a race on held-out rows, or the rules), its
-    reason logged on ``gpscale.fit``, and the parameters the winner starts from (``None``
-    without a race). After a race, the winner's budget is what the race left of the run's
-    (``max_time``, else the default budget). Any other spec comes back unchanged.
+    reason logged on ``gpscale.fit``, the parameters the winner starts from (``None``
+    without a race) and the reason (``None`` for a spec that names its method). After a
+    race, the winner's budget is what the race left of the run's (``max_time``, else the
+    default budget). Any other spec comes back unchanged.
 
     ``agree(choose)`` runs ``choose`` where the processes of a data-parallel run agree on one
     result (rank 0 chooses, the others receive it); ``parallel`` leaves out the keys without a
     data-parallel path; ``race_limit``: most seconds the race may take (the others' wait)."""
     if spec.method != AUTO:
-        return spec, None
+        return spec, None, None
     tic = time.perf_counter()
     budget = DEFAULT_BUDGET_S if spec.max_time is None else spec.max_time
 
@@ -191,10 +192,11 @@ def resolve_auto(spec: RunSpec, data: Dataset,
     picked = choose() if agree is None else agree(choose)
     key = picked.choice.method
     if picked.race is None:
-        return replace(spec, method=key, options=picked.options), None
+        return replace(spec, method=key, options=picked.options), None, picked.choice.reason
     left = final_budget(budget, time.perf_counter() - tic)
     options = warm_options(key, picked.options, spec.options)
-    return replace(spec, method=key, options=options, max_time=left), picked.warm
+    return (replace(spec, method=key, options=options, max_time=left), picked.warm,
+            picked.choice.reason)
 
 
 def fit_config(spec: RunSpec, num_train: int) -> tuple[FitConfig, torch.dtype]:
@@ -345,10 +347,11 @@ def run(spec: RunSpec, processes: Any = None) -> RunResult:
                                     num_dims=data.num_dims)
     spec = spec if options == spec.options else replace(spec, options=options)
     tic = time.perf_counter()
-    chosen, warm = resolve_auto(spec, data, getattr(processes, "agree", None),
+    chosen, warm, reason = resolve_auto(spec, data, getattr(processes, "agree", None),
                                 parallel=not isinstance(processes, OneProcess),
                                 race_limit=getattr(processes, "race_limit", None))
-    choice_time = {"auto_time_s": time.perf_counter() - tic} if chosen != spec else {}
+    choice_time = ({"auto_time_s": time.perf_counter() - tic, "method_reason": reason}
+                   if reason is not None else {})
     spec = with_item_shape(chosen, data)
     config, dtype = fit_config(spec, data.num_train)
     latents = data.num_classes if (data.num_classes or 0) > 2 else 1

@@ -280,3 +280,4 @@ def test_cli_auto_probes_noisy_data_and_picks_svgp(tmp_path, caplog):
     reason = next(r.getMessage() for r in caplog.records
                   if r.getMessage().startswith("method auto:"))
     assert "probe: an exact GP on 1,000 points" in reason and ": svgp" in reason
+    assert reason == f"method auto: {metrics['method_reason']}"

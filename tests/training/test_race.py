@@ -142,12 +142,14 @@ def test_on_trained_sees_the_parameters_before_the_calibration():
 
 def test_slices_and_the_winner_go_on_from_the_trained_parameters(monkeypatch):
     """A candidate's next slice, and the winner's final run, start from its parameters as
-    training left them, not as the calibration for prediction left them."""
+    training left them, not as the calibration for prediction left them; no slice anneals
+    its learning rate as if its end were the run's."""
     real = racing.train_built
     starts: dict[int, list] = {}
     ends: dict[int, list] = {}
 
     def spy(model, train, config, *args, on_trained=None, **kwargs):
+        assert not config.budget_anneal  # a slice is not its candidate's last epochs
         starts.setdefault(id(model), []).append(racing.warm_parameters(model))
 
         def keep(m):
@@ -246,6 +248,8 @@ def test_cli_fit_races_and_writes_the_reason(tmp_path, capsys):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["method"] in ("cagp-opt", "softki") and metrics["auto_time_s"] > 0
     assert metrics["train_time_s"] + metrics["auto_time_s"] <= 200 + 30
+    assert metrics["method_reason"].startswith("a race on ")  # every candidate's figures
+    assert metrics["method_reason"].endswith(f"{metrics['method']}, the best held-out NLL")
 
 
 @pytest.mark.slow

@@ -60,7 +60,8 @@ def _row(name: str, key: str, metrics: dict[str, Any]) -> dict[str, Any]:
             "n_train": metrics.get("n_train"), "num_dims": metrics.get("num_dims"),
             "epochs": metrics.get("epochs"), "stopped": metrics.get("stopped"),
             "seconds": round(seconds, 1), "test_rmse": metrics.get("test_rmse"),
-            "test_nll": metrics.get("test_nll"), "test_coverage": metrics.get("test_coverage")}
+            "test_nll": metrics.get("test_nll"), "test_coverage": metrics.get("test_coverage"),
+            "reason": metrics.get("method_reason")}  # the race's figures, in results.jsonl
 
 
 def _compare(rows: list[dict[str, Any]]) -> None:

@@ -386,13 +386,13 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         from gpscale.methods import auto
         from gpscale.training.race import HELD_SHARE, RACE_SHARE
 
-        print(f"auto: regression beyond the exact GP's n ≤ {auto.EXACT_MAX_N:,} (-o auto=race, "
-              "the default): a race of the keys that take the options given: exact up to "
-              f"{auto.RACE_EXACT_MAX_N:,} points, ggp for d ≤ {auto.GRID_MAX_DIMS} or an "
-              f"additive kernel, cagp-opt up to {auto.CAGP_MAX_N:,}, svgp, solvegp, softki. "
-              f"Each trains on {1 - HELD_SHARE:.0%} of the rows; successive halving on the "
-              f"other rows' NLL within {RACE_SHARE:.0%} of the time budget; the winner then "
-              "trains on every row for the rest, from its race's parameters.")
+        print(f"auto: regression beyond the exact GP's n ≤ {auto.EXACT_MAX_N:,} (-o auto=race,"
+              " the default): a race of the keys that take the options given: exact up to "
+              f"{auto.RACE_EXACT_MAX_N:,} points, ggp for d ≤ {auto.GRID_MAX_DIMS} or an additive"
+              f" kernel, cagp-opt up to {auto.CAGP_MAX_N:,}, svgp, solvegp, softki. Each trains "
+              f"on {1 - HELD_SHARE:.0%} of the rows; successive halving on the other rows' NLL "
+              f"within {RACE_SHARE:.0%} of the time budget; the winner trains on every row for the"
+              " rest, from its race's parameters. Against each key alone: BENCHMARKS.md, \"auto\".")
         print("otherwise, and with -o auto=rules (seconds, no race), the first matching row:")
         for task, condition, key in auto.RULES:
             print(f"  {task:15s} {condition:42s} -> {key}")

@@ -25,6 +25,12 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    candidate's held-out NLL, RMSE, epochs and seconds for the reason line
    (``method_reason_``, the ``gpscale fit`` log).
 
+A slice does not anneal its learning rate towards its end (``FitConfig.budget_anneal`` is
+off in the race): a slice is a stretch of its candidate's run, not the run's last epochs, and
+an anneal in each short slice held a candidate at small rates for much of its race time (a
+12-input set whose candidates must first find the relevant inputs stayed at the start's
+error), which the winner's final run, warm-started, then had to climb out of.
+
 The race is a wall-clock race: each slice is seconds (and, where ``epochs`` is given, a share
 of the epochs). With the same seed, the rows held out, every candidate's start and its
 minibatches are the same; the epochs a slice holds depend on the machine's speed, so a
@@ -222,6 +228,7 @@ def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor,
         return
     config = config_for(runner.key)
     config = replace(config, max_time=max(seconds, 1e-3), checkpoint=None, progress=False,
+                     budget_anneal=False,  # a slice is not the end of its candidate's run
                      lbfgs_max_iter=min(config.lbfgs_max_iter, RACE_LBFGS_ITER),
                      **({} if epochs is None else {"epochs": epochs}))
     data = tuple(t.to(config.torch_dtype) for t in train)
