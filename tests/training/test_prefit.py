@@ -22,6 +22,7 @@ from gpscale.training.prefit import (
     VALIDATION_MIN_GAIN,
     exact_prefit,
     fill_prefit_options,
+    fill_start_options,
     prefit_lr_cap,
     validated_noise,
 )
@@ -292,3 +293,54 @@ def test_a_prefit_at_the_noise_floor_gives_a_noise_the_options_accept(monkeypatc
     assert found["noise"] >= GPYTORCH_NOISE_FLOOR
     assert math.isfinite(found["heldout_mse"])
     get_spec("cagp-opt").resolve({"noise": found["noise"]})
+
+
+FOUND = {"lengthscale": [0.5, 40.0], "outputscale": 900.0, "noise": 1e-4}
+
+
+def test_a_shared_start_fills_what_the_user_left_out_with_a_resolvable_noise():
+    """``auto``'s race starts every candidate from one pre-fit: the lengthscales with the
+    outputscale and noise they were fitted with, the noise raised to what the training dtype
+    resolves at that outputscale; what the user gave stays."""
+    filled = fill_start_options("svgp", {}, FOUND, torch.float32)
+    assert filled["lengthscale"] == FOUND["lengthscale"] and filled["outputscale"] == 900.0
+    floor = RESOLVABLE_ULPS * torch.finfo(torch.float32).eps * 900.0
+    assert filled["noise"] == pytest.approx(floor) and floor > FOUND["noise"]
+    assert fill_start_options("exact", {}, FOUND, torch.float64)["noise"] == FOUND["noise"]
+    given = fill_start_options("cagp-opt", {"lengthscale": 2.0, "noise": 0.3}, FOUND,
+                               torch.float32)
+    assert given["lengthscale"] == 2.0 and given["noise"] == 0.3
+    assert given["outputscale"] == 900.0
+
+
+def test_a_method_with_a_fixed_noise_takes_the_lengthscales_alone():
+    """SoftKI's noise is a fixed interpolation noise, not one the pre-fit's outputscale was
+    fitted against: it takes the lengthscales only."""
+    filled = fill_start_options("softki", {}, FOUND, torch.float32)
+    assert filled == {"lengthscale": FOUND["lengthscale"]}
+
+
+@pytest.mark.parametrize("kernel", ["rbf(0) + matern32(1)", object()])
+def test_a_kernel_expression_or_object_takes_no_shared_start(kernel):
+    assert fill_start_options("svgp", {"kernel": kernel}, FOUND, torch.float32) == {
+        "kernel": kernel}
+    named = fill_start_options("svgp", {"kernel": "rbf"}, FOUND, torch.float32)
+    assert named["lengthscale"] == FOUND["lengthscale"]
+
+
+def test_a_shared_start_is_treated_as_the_methods_own_prefit():
+    """Built from a shared start, CaGP-Opt skips its own pre-fit and trains at its
+    ``prefit_max_lr``; SVGP starts at the values and keeps its learning rate."""
+    x, y = _data(600)
+    start = {"lengthscale": [0.7, 0.9], "outputscale": 1.3, "noise": 0.02}
+    for method, capped in (("cagp-opt", True), ("svgp", False)):
+        model, _ = build_method(method, (x, y), task="regression", num_classes=None,
+                                options={}, seed=0, start=start,
+                                config=METHOD_DEFAULTS[method].updated(progress=False))
+        hp = kernel_hyperparameters(model.kernel if method == "cagp-opt"
+                                    else model.gp.covar_module)
+        torch.testing.assert_close(hp.lengthscale.reshape(-1).double(),
+                                   torch.tensor(start["lengthscale"], dtype=torch.float64),
+                                   rtol=1e-5, atol=0)
+        assert float(hp.outputscale) == pytest.approx(1.3, rel=1e-5)
+        assert (model.max_start_lr is not None) == capped

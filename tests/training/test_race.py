@@ -186,6 +186,7 @@ def test_the_race_keeps_inside_its_limit_whatever_the_budget(monkeypatch):
         return real(runner, train, held, config_for, 0.2, *args)
 
     monkeypatch.setattr(racing, "_run_slice", spy)
+    monkeypatch.setattr(racing, "shared_start", lambda *args, **kwargs: None)  # slices only
     x, y = _data(600, 3)
     racing.race(["svgp", "softki", "solvegp"], x, y, options={}, config_for=_config,
                 budget=100_000.0, seed=0, limit=6.0)
@@ -210,6 +211,57 @@ def test_a_failing_candidate_leaves_the_race(monkeypatch):
                   seed=0, epochs=4)
     assert result.choice.method == "svgp"
     assert "softki failed (out of memory (simulated))" in result.choice.reason
+
+
+def test_every_candidate_starts_from_one_exact_gp(monkeypatch):
+    """One exact GP on the race's training rows starts every candidate (its outputscale and
+    noise where the method estimates its own); a kernel expression takes no shared start."""
+    starts, fitted = {}, []
+    real_build, real_prefit = racing.build_method, racing.exact_prefit
+
+    def build_spy(key, *args, start=None, **kwargs):
+        starts.setdefault(key, start)  # the first build (a failed start is built again)
+        return real_build(key, *args, start=start, **kwargs)
+
+    def prefit_spy(x, y, **kwargs):
+        fitted.append((x.shape[0], kwargs["size"], kwargs["kernel"]))
+        return real_prefit(x, y, **kwargs)
+
+    monkeypatch.setattr(racing, "build_method", build_spy)
+    monkeypatch.setattr(racing, "exact_prefit", prefit_spy)
+    x, y = _data(900, 3)
+    result = racing.race(["svgp", "softki"], x, y, options={}, config_for=_config,
+                         budget=1_000.0, seed=1, epochs=2)
+    assert fitted == [(900 - racing.HELD_MIN, racing.START_POINTS, "matern32")]
+    assert starts["svgp"] is starts["softki"] is not None
+    assert "from an exact GP's start on 700 rows" in result.choice.reason
+    softki = next(r for r in result.runners if r.key == "softki")
+    assert softki.options == {} and softki.failure is None
+    starts.clear()
+    racing.race(["svgp", "softki"], x, y, options={"kernel": "rbf(0) + rbf(1, 2)"},
+                config_for=_config, budget=1_000.0, seed=1, epochs=2)
+    assert starts == {"svgp": None, "softki": None} and len(fitted) == 1
+
+
+def test_a_candidate_the_shared_start_breaks_starts_from_its_defaults(monkeypatch):
+    """SVGP's inducing-point matrix at a large pre-fitted outputscale may not factor in
+    float32: the candidate starts again from its own defaults, not out of the race."""
+    real = racing.build_method
+    builds = []
+
+    def build(key, *args, start=None, **kwargs):
+        builds.append((key, start is not None))
+        if key == "svgp" and start is not None:
+            raise RuntimeError("Cholesky of K_zz failed (simulated)")
+        return real(key, *args, start=start, **kwargs)
+
+    monkeypatch.setattr(racing, "build_method", build)
+    x, y = _data(600, 3)
+    result = racing.race(["svgp", "softki"], x, y, options={}, config_for=_config,
+                         budget=1_000.0, seed=0, epochs=2)
+    assert builds[:3] == [("svgp", True), ("svgp", False), ("softki", True)]
+    svgp = next(r for r in result.runners if r.key == "svgp")
+    assert svgp.failure is None and math.isfinite(svgp.nll) and svgp.epochs > 0
 
 
 def test_rules_mode_and_small_data_skip_the_race():

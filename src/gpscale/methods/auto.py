@@ -102,7 +102,8 @@ so SVGP, the faster key, serves; where they miss more than the exact GP's own er
 clearly more accurate at a few times SVGP's time. The boundary sits in the gap between the
 sets measured on either side; more sets would place it better."""
 PROBE_METHOD = "exact"
-"""The key of the probe's GP (:func:`gpscale.training.probe.inducing_probe`)."""
+"""The key of the probe's GP (:func:`gpscale.training.probe.inducing_probe`) and of the race's
+shared start (:func:`gpscale.training.race.shared_start`)."""
 LINEAR_MEMORY = ("cagp-opt", "svgp", "solvegp", "softki")
 """The keys ``auto`` picks for regression beyond the exact GP whose memory is linear in n: the
 advice where a dense method's matrices do not fit (:mod:`gpscale.devices`)."""

@@ -47,7 +47,12 @@ from gpscale.training.fit import condition_only, fit
 from gpscale.training.history import History
 from gpscale.training.laplace import learn_kernel
 from gpscale.training.parallel import DataParallel
-from gpscale.training.prefit import fill_prefit_options, prefit_lr_cap, start_resolvable
+from gpscale.training.prefit import (
+    fill_prefit_options,
+    fill_start_options,
+    prefit_lr_cap,
+    start_resolvable,
+)
 from gpscale.training.schedules import LOSS_SD
 from gpscale.training.validation import Validation, split_holdout, validation_patience
 
@@ -79,8 +84,15 @@ def cast(train: tuple[Tensor, Tensor], config: FitConfig, task: str) -> tuple[Te
 
 def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
                  num_classes: int | None, options: dict[str, Any], config: FitConfig,
-                 seed: int | None, device: torch.device | None = None) -> tuple[Method, float]:
+                 seed: int | None, device: torch.device | None = None,
+                 start: dict[str, Any] | None = None) -> tuple[Method, float]:
     """Build ``method`` on ``train`` (in ``config.dtype``); returns (model, seconds).
+
+    ``start``: hyperparameters pre-fitted elsewhere (an
+    :func:`~gpscale.training.prefit.exact_prefit` result; ``auto``'s race fits one for every
+    candidate) that take the place of the method's own pre-fit
+    (:func:`~gpscale.training.prefit.fill_start_options`); the start is then treated as the
+    method's own: trained at its ``prefit_max_lr``, dropped where it does not resolve.
 
     ``seed`` seeds torch's RNG for the build in a forked RNG state; ``None`` draws from the
     caller's RNG (:func:`train_method` seeds build and training together). On a GPU the
@@ -93,8 +105,9 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
         if seed is not None:
             torch.manual_seed(seed)
         tic = time.perf_counter()
-        filled = fill_prefit_options(method, (x, y), task=task, num_classes=num_classes,
-                                     options=options)
+        filled = (fill_prefit_options(method, (x, y), task=task, num_classes=num_classes,
+                                      options=options) if start is None else
+                  fill_start_options(method, options, start, config.torch_dtype))
         def built(opts: dict[str, Any]) -> Method:
             model = build(method, x.shape[1], task=task, num_classes=num_classes, init=(x, y),
                           **opts)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from gpscale.errors import NumericalError
-from gpscale.kernels import kernel_hyperparameters
+from gpscale.kernels import is_expression, kernel_hyperparameters
 from gpscale.methods.base import Method
 from gpscale.methods.options import (
     AUTO_PREFIT_MIN_POINTS,
@@ -47,7 +47,8 @@ from gpscale.methods.registry import build, get_spec
 from gpscale.training.config import FitConfig, default_fit_config
 from gpscale.training.fit import fit
 
-__all__ = ["prefit_hyperparameters", "fill_prefit_options", "exact_prefit", "prefit_lr_cap",
+__all__ = ["prefit_hyperparameters", "fill_prefit_options", "fill_start_options", "exact_prefit",
+           "prefit_lr_cap",
            "validated_noise", "exact_prefit_wanted", "start_resolvable", "EXACT_PREFIT_EPOCHS",
            "EXACT_PREFIT_SECONDS", "RESOLVABLE_ULPS", "VALIDATION_POINTS",
            "VALIDATION_MIN_GAIN", "AUTO_PREFIT_MIN_POINTS"]
@@ -132,6 +133,33 @@ def fill_prefit_options(method: str, train: tuple[Tensor, Tensor], *, task: str,
                                      method=policy.model, **policy.arguments(opts, x))
     return {**options, "lengthscale": ls if opts["lengthscale"] is None else opts["lengthscale"],
             "outputscale": os_ if opts["outputscale"] is None else opts["outputscale"]}
+
+
+def fill_start_options(method: str, options: dict[str, Any], found: dict[str, Any],
+                       dtype: torch.dtype) -> dict[str, Any]:
+    """``options`` with the prior options left out taken from ``found``, an :func:`exact_prefit`
+    run once for several methods (``auto``'s race starts every candidate from one): each of
+    ``lengthscale``, ``outputscale`` and ``noise`` that ``method`` declares with a default
+    estimated from the data (``None``) and the user did not give.
+
+    The lengthscales and the outputscale belong together (long lengthscales with a large
+    outputscale describe the same function as short ones with a small outputscale; either
+    alone is a worse start than the defaults). The outputscale was fitted against the
+    pre-fit's noise, so a method whose noise is fixed (SoftKI's interpolation noise) takes the
+    lengthscales alone. The noise is raised to the least the training ``dtype`` resolves at
+    that outputscale (:data:`RESOLVABLE_ULPS` rounding units): a start that training moves on
+    from. A kernel expression or object takes no start (its options name no lengthscale)."""
+    kernel = options.get("kernel")
+    if kernel is not None and (not isinstance(kernel, str) or is_expression(kernel)):
+        return dict(options)
+    estimated = {o.name for o in get_spec(method).options if o.default is None}
+    keys = ("lengthscale", "outputscale", "noise") if "noise" in estimated else ("lengthscale",)
+    filled = {**options, **{key: found[key] for key in keys
+                            if key in estimated and options.get(key) is None}}
+    if "noise" in keys and options.get("noise") is None:
+        floor = RESOLVABLE_ULPS * torch.finfo(dtype).eps * float(filled["outputscale"])
+        filled["noise"] = max(float(found["noise"]), floor)
+    return filled
 
 
 def median_distance_start(x: Tensor, size: int = 1000, seed: int = 0) -> float:

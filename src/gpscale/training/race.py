@@ -10,7 +10,14 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    kernel, CaGP-Opt up to its size bound, SVGP, SOLVE-GP and SoftKI).
 2. A share :data:`HELD_SHARE` of the training rows (at least :data:`HELD_MIN`, at most
    :data:`HELD_MAX`, drawn under the seed) is held out; each candidate is built and trained on
-   the rest with its own defaults.
+   the rest with its own defaults, but from one start: an exact GP fitted to
+   :data:`START_POINTS` of those rows (float64 L-BFGS, seconds) supplies every candidate's
+   lengthscales, outputscale and noise where the user gave none
+   (:func:`~gpscale.training.prefit.fill_start_options`). From the default √d lengthscales a
+   candidate on data with a few relevant inputs among many spends its first minute finding
+   them; every candidate stays at the same error meanwhile, and the halving would decide on
+   noise. From the shared start the race compares the approximations, not who finds the
+   relevant inputs first.
 3. Successive halving: the race's share of the budget (:data:`RACE_SHARE`) is split evenly
    between ⌈log₂ k⌉ rounds, a round's time evenly between the candidates still in it; after
    each round the candidates are ranked by their held-out negative log predictive density
@@ -51,7 +58,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpscale.errors import NonFiniteLossError
+from gpscale.errors import NonFiniteLossError, NumericalError
+from gpscale.kernels import is_expression
 from gpscale.methods import auto
 from gpscale.methods.auto import Choice, resolve_options
 from gpscale.methods.base import Method
@@ -59,11 +67,12 @@ from gpscale.methods.options import PREFIT_OFF
 from gpscale.methods.registry import get_spec
 from gpscale.training.config import FitConfig
 from gpscale.training.harness import build_method, load_warm, train_built
+from gpscale.training.prefit import exact_prefit
 from gpscale.training.probe import inducing_probe
 
 __all__ = ["HELD_SHARE", "HELD_MIN", "HELD_MAX", "RACE_SHARE", "Runner", "RaceResult",
-           "AutoPick", "MIN_FINAL_SHARE", "final_budget", "race", "pick_auto",
-           "held_out_split", "warm_parameters", "warm_options"]
+           "AutoPick", "START_POINTS", "START_SHARE", "shared_start", "MIN_FINAL_SHARE",
+           "final_budget", "race", "pick_auto", "held_out_split", "warm_parameters", "warm_options"]
 
 log = logging.getLogger("gpscale.fit")
 
@@ -93,6 +102,12 @@ RACE_LBFGS_ITER = 5
 """L-BFGS iterations per epoch in a race slice (the exact GP's): the slice's clock is read
 between epochs, and a default epoch of 20 iterations at a few thousand points outlasts a
 slice several times over."""
+
+START_POINTS = 1000
+"""Rows of the exact GP whose hyperparameters start every candidate (a few seconds to tens of
+seconds on a CPU; the inducing probe's size)."""
+START_SHARE = 0.25
+"""Most of the race's time the shared start may take (its epoch cap ends it first)."""
 
 
 @dataclass
@@ -155,6 +170,25 @@ def warm_parameters(model: torch.nn.Module) -> dict[str, Tensor]:
     return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
 
 
+def shared_start(x: Tensor, y: Tensor, options: Mapping[str, Any], *, seed: int,
+                 max_time: float) -> dict[str, Any] | None:
+    """The hyperparameters every candidate starts from: an exact GP with the user's named kernel
+    (Matérn-3/2 by default) fitted to :data:`START_POINTS` rows of ``x``, ``y``; ``None`` for
+    a kernel expression or object, or where the fit fails (then each candidate starts from its
+    own defaults, warned)."""
+    kernel = options.get("kernel", "matern32")
+    if not isinstance(kernel, str) or is_expression(kernel):
+        return None
+    try:
+        return exact_prefit(x, y, method=auto.PROBE_METHOD, kernel=kernel,
+                            ard=bool(options.get("ard", True)), size=START_POINTS, seed=seed,
+                            max_time=max_time, quiet=True)
+    except (NumericalError, RuntimeError, ValueError) as err:
+        log.warning("method auto: the race's shared start failed (%s); each candidate starts "
+                    "from its own defaults", str(err).splitlines()[0][:120])
+        return None
+
+
 def _rounds(count: int) -> int:
     return max(1, math.ceil(math.log2(count)))
 
@@ -188,6 +222,13 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
     log.info("method auto: racing %s on %d held-out rows of %d, %d round%s in %.0f s",
              ", ".join(keys), len(held_rows), x.shape[0], rounds, "s" * (rounds > 1),
              allowed)
+    start = shared_start(*(t.double() for t in train), options, seed=seed,
+                         max_time=START_SHARE * allowed)
+    start_seconds = time.perf_counter() - tic
+    if start is not None:
+        log.info("method auto: every candidate starts from an exact GP on %d rows (%.0f s): "
+                 "outputscale %.3g, noise %.3g", min(START_POINTS, len(train_rows)),
+                 start_seconds, start["outputscale"], start["noise"])
     for number in range(1, rounds + 1):
         spent = time.perf_counter() - tic
         left = allowed - spent
@@ -197,7 +238,7 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
         share = max(left, 0.0) / (rounds - number + 1) / len(alive)
         per_slice = None if epochs is None else max(1, epochs // (rounds * len(alive)))
         for runner in alive:
-            _run_slice(runner, train, held, config_for, share, per_slice, seed)
+            _run_slice(runner, train, held, config_for, share, per_slice, seed, start)
         ranked = sorted(alive, key=lambda r: (r.nll, runners.index(r)))
         keep = max(1, math.ceil(len(ranked) / 2)) if number < rounds else 1
         for runner in ranked[keep:]:
@@ -212,8 +253,12 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
                            + "; ".join(r.describe() for r in runners))
     order = sorted(runners, key=lambda r: (r.nll, runners.index(r)))
     seconds = time.perf_counter() - tic
-    reason = (f"a race on {len(held_rows):,} held-out rows of {x.shape[0]:,} ({seconds:.0f} s): "
-              + "; ".join(r.describe() for r in order) + f": {best.key}, the best held-out NLL")
+    began = ("" if start is None else
+             f", from an exact GP's start on {min(START_POINTS, len(train_rows)):,} rows "
+             f"({start_seconds:.0f} s)")
+    reason = (f"a race on {len(held_rows):,} held-out rows of {x.shape[0]:,} ({seconds:.0f} s"
+              f"{began}): " + "; ".join(r.describe() for r in order)
+              + f": {best.key}, the best held-out NLL")
     warm = best.trained if best.trained is not None else warm_parameters(best.model)
     return RaceResult(Choice(best.key, reason), best.options, warm, tuple(order), seconds,
                       len(held_rows))
@@ -221,9 +266,12 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
 
 def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor, Tensor],
                config_for: Callable[[str], FitConfig], seconds: float, epochs: int | None,
-               seed: int) -> None:
-    """Build ``runner``'s model (first slice) and train it on for ``seconds`` (and at most
-    ``epochs``), then score it on ``held``; a failure takes it out of the race."""
+               seed: int, start: dict[str, Any] | None = None) -> None:
+    """Build ``runner``'s model (first slice, from the shared ``start`` where there is one) and
+    train it on for ``seconds`` (and at most ``epochs``), then score it on ``held``. A failure
+    takes it out of the race, except in a first slice from the shared start: then it starts
+    again from its own defaults for the rest of the slice (SVGP's inducing-point matrix at a
+    large pre-fitted outputscale may not factor in float32)."""
     if runner.failure is not None:
         return
     config = config_for(runner.key)
@@ -240,7 +288,7 @@ def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor,
                 runner.model, _ = build_method(runner.key, data, task="regression",
                                                num_classes=None, options=runner.options,
                                                config=config, seed=None,
-                                               device=config.torch_device)
+                                               device=config.torch_device, start=start)
             elif runner.trained is not None:  # on from where training, not calibration, left it
                 load_warm(runner.model, runner.trained)
             device = config.torch_device
@@ -256,8 +304,17 @@ def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor,
                                                               dtype=config.torch_dtype))
             scores = pred.to("cpu").metrics(held[1].to(torch.float64))
     except (NonFiniteLossError, RuntimeError, ValueError, MemoryError) as err:
-        runner.failure = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        why = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
         runner.model, runner.nll = None, math.inf
+        if start is not None and runner.trained is None:  # the shared start did not suit it
+            spent = time.perf_counter() - tic
+            runner.seconds += spent
+            log.info("method auto: %s failed from the shared start (%s); it starts from its "
+                     "own defaults", runner.key, why)
+            _run_slice(runner, train, held, config_for, max(seconds - spent, 1.0), epochs,
+                       seed, None)
+            return
+        runner.failure = why
         log.warning("method auto: %s left the race: %s", runner.key, runner.failure)
         return
     runner.seconds += time.perf_counter() - tic
