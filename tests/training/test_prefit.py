@@ -313,11 +313,11 @@ def test_a_shared_start_fills_what_the_user_left_out_with_a_resolvable_noise():
     assert given["outputscale"] == 900.0
 
 
-def test_a_method_with_a_fixed_noise_takes_the_lengthscales_alone():
-    """SoftKI's noise is a fixed interpolation noise, not one the pre-fit's outputscale was
-    fitted against: it takes the lengthscales only."""
-    filled = fill_start_options("softki", {}, FOUND, torch.float32)
-    assert filled == {"lengthscale": FOUND["lengthscale"]}
+def test_a_method_with_a_fixed_noise_takes_no_shared_start():
+    """SoftKI's noise is a fixed interpolation noise, not one the pre-fit's lengthscales and
+    outputscale were fitted against: it starts from its own defaults."""
+    assert fill_start_options("softki", {"num_inducing": 64}, FOUND, torch.float32) == {
+        "num_inducing": 64}
 
 
 @pytest.mark.parametrize("kernel", ["rbf(0) + matern32(1)", object()])

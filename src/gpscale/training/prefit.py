@@ -142,21 +142,22 @@ def fill_start_options(method: str, options: dict[str, Any], found: dict[str, An
     ``lengthscale``, ``outputscale`` and ``noise`` that ``method`` declares with a default
     estimated from the data (``None``) and the user did not give.
 
-    The lengthscales and the outputscale belong together (long lengthscales with a large
-    outputscale describe the same function as short ones with a small outputscale; either
-    alone is a worse start than the defaults). The outputscale was fitted against the
-    pre-fit's noise, so a method whose noise is fixed (SoftKI's interpolation noise) takes the
-    lengthscales alone. The noise is raised to the least the training ``dtype`` resolves at
-    that outputscale (:data:`RESOLVABLE_ULPS` rounding units): a start that training moves on
-    from. A kernel expression or object takes no start (its options name no lengthscale)."""
+    The three belong together: long lengthscales with a large outputscale describe much the
+    same function as short ones with a small outputscale, each fitted against that noise, and
+    the lengthscales alone (outputscale 1, noise 0.1 var(y)) are a worse start than the
+    defaults. So a method whose noise is fixed (SoftKI's interpolation noise) takes no start.
+    The noise is raised to the least the training ``dtype`` resolves at that outputscale
+    (:data:`RESOLVABLE_ULPS` rounding units): a start that training moves on from. A kernel
+    expression or object takes no start (its options name no lengthscale)."""
     kernel = options.get("kernel")
-    if kernel is not None and (not isinstance(kernel, str) or is_expression(kernel)):
-        return dict(options)
     estimated = {o.name for o in get_spec(method).options if o.default is None}
-    keys = ("lengthscale", "outputscale", "noise") if "noise" in estimated else ("lengthscale",)
+    if "noise" not in estimated or (kernel is not None and (
+            not isinstance(kernel, str) or is_expression(kernel))):
+        return dict(options)
+    keys = ("lengthscale", "outputscale", "noise")
     filled = {**options, **{key: found[key] for key in keys
                             if key in estimated and options.get(key) is None}}
-    if "noise" in keys and options.get("noise") is None:
+    if options.get("noise") is None:
         floor = RESOLVABLE_ULPS * torch.finfo(dtype).eps * float(filled["outputscale"])
         filled["noise"] = max(float(found["noise"]), floor)
     return filled
