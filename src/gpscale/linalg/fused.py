@@ -386,8 +386,13 @@ def stationary_rule(profile: str, *, compiled: bool, exact: int = 0) -> ChunkRul
         B, c, _ = z1.shape
         if not (needs[0] or needs[1]):  # only V̄ = Φᵀ Ȳ: no profile derivative needed
             return None, None, transpose_product(z1, z2, grad_out)
-        grad_z1, grad_z2 = torch.zeros_like(z1), torch.zeros_like(z2)
-        grad_rhs = torch.zeros_like(rhs) if needs[2] else None
+        # The thin products (d columns) are formed transposed, d rows by c or w columns, as
+        # the composed kernels' backward forms them; H's row sums gather across the tiles and
+        # z₁'s term is formed once at the end, not once per tile.
+        grad_z1t = z1.new_zeros(B, z1.shape[-1], c)  # (H Z₂)ᵀ, (B, d, c)
+        row_sums = z1.new_zeros(B, c)
+        grad_z2 = torch.empty_like(z2)
+        grad_rhs = torch.empty_like(rhs) if needs[2] else None
         sq1 = sq_norms(z1, exact).unsqueeze(-1)  # (B, c, 1)
         tiles = _tiles(z2.shape[1], B * c, tile_entries(z1))
         tile_K, tile_H = _tile_buffer(z1, B, c, tiles), _tile_buffer(z1, B, c, tiles)
@@ -398,9 +403,10 @@ def stationary_rule(profile: str, *, compiled: bool, exact: int = 0) -> ChunkRul
             torch.bmm(grad_out, rhs_t.mT, out=H)  # G = Ȳ Vᵀ
             H_rows, H_cols = value_vjp(K, sq1, sq_norms(z2t, exact).unsqueeze(-2), H)
             if grad_rhs is not None:
-                grad_rhs[:, cols] += torch.bmm(K.mT, grad_out)
-            grad_z1 += 2.0 * (H_rows.unsqueeze(-1) * z1 - torch.bmm(H, z2t))
-            grad_z2[:, cols] += 2.0 * (H_cols.unsqueeze(-1) * z2t - torch.bmm(H.mT, z1))
-        return grad_z1, grad_z2, grad_rhs
+                torch.bmm(K.mT, grad_out, out=grad_rhs[:, cols])
+            row_sums += H_rows
+            grad_z1t.baddbmm_(z2t.mT, H.mT)
+            grad_z2[:, cols] = 2.0 * (H_cols.unsqueeze(-1) * z2t - torch.bmm(z1.mT, H).mT)
+        return 2.0 * (row_sums.unsqueeze(-1) * z1 - grad_z1t.mT), grad_z2, grad_rhs
 
     return ChunkRule(forward=forward, vjp=vjp)
