@@ -243,6 +243,17 @@ def test_every_candidate_starts_from_one_exact_gp(monkeypatch):
     assert starts == {"svgp": None, "softki": None} and len(fitted) == 1
 
 
+def test_no_shared_start_where_the_exact_gp_races(monkeypatch):
+    """Where the exact GP races (L-BFGS on its own likelihood) the candidates start from their
+    own defaults: no pre-fit runs."""
+    fitted = []
+    monkeypatch.setattr(racing, "exact_prefit", lambda *a, **k: fitted.append(1) or {})
+    x, y = _data(600, 3)
+    result = racing.race(["exact", "svgp"], x, y, options={}, config_for=_config,
+                         budget=1_000.0, seed=0, epochs=2)
+    assert fitted == [] and "exact GP's start" not in result.choice.reason
+
+
 def test_a_candidate_the_shared_start_breaks_starts_from_its_defaults(monkeypatch):
     """SVGP's inducing-point matrix at a large pre-fitted outputscale may not factor in
     float32: the candidate starts again from its own defaults, not out of the race."""
