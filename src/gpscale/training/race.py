@@ -11,8 +11,8 @@ grid fits the function — so ``auto`` fits its candidates and looks:
 2. A share :data:`HELD_SHARE` of the training rows (at least :data:`HELD_MIN`, at most
    :data:`HELD_MAX`, drawn under the seed) is held out; each candidate is built and trained on
    the rest with its own defaults, but from one start: an exact GP fitted to
-   :data:`START_POINTS` of those rows (float64 L-BFGS, seconds) supplies every candidate's
-   lengthscales, outputscale and noise where the user gave none
+   :data:`START_POINTS` of those rows (float64 L-BFGS, seconds to a minute) supplies every
+   candidate's lengthscales, outputscale and noise where the user gave none
    (:func:`~gpscale.training.prefit.fill_start_options`). From the default √d lengthscales a
    candidate on data with a few relevant inputs among many spends its first minute finding
    them; every candidate stays at the same error meanwhile, and the halving would decide on
@@ -110,7 +110,8 @@ START_POINTS = 1000
 """Rows of the exact GP whose hyperparameters start every candidate (a few seconds to tens of
 seconds on a CPU; the inducing probe's size)."""
 START_SHARE = 0.25
-"""Most of the race's time the shared start may take (its epoch cap ends it first)."""
+"""The shared start's time limit as a share of the race's time; it is read between the fit's
+epochs, so the last epoch may run past it."""
 
 
 @dataclass
