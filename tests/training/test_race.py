@@ -18,7 +18,14 @@ from gpscale.methods.auto import race_candidates, split_mode
 from gpscale.methods.options import OptionError
 from gpscale.training import race as racing
 from gpscale.training.config import resolve_fit_config
-from gpscale.training.harness import build_method, load_warm, train_built
+from gpscale.training.harness import (
+    build_method,
+    load_warm,
+    restart_time,
+    train_built,
+    train_method,
+)
+from gpscale.training.history import History
 
 ADDITIVE = "rbf(0) + rbf(1) + rbf(2, 3)"
 
@@ -330,3 +337,42 @@ def test_two_processes_agree_on_rank_zeros_race(tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["method"] in ("cagp-opt", "softki") and metrics["nproc"] == 2
     assert math.isfinite(metrics["test_nll"]) and metrics["test_rmse"] < 0.6
+
+
+def test_a_converged_lbfgs_winner_is_trained_again_from_its_own_start(caplog):
+    """A full-batch L-BFGS run from the race's parameters that converges with most of its
+    budget left is trained again from its own start; the lower loss of the two is kept."""
+    x, y = _data(300, 3)
+    config = resolve_fit_config("exact", 300)
+    model, _ = build_method("exact", (x, y), task="regression", num_classes=None, options={},
+                            config=config, seed=0)
+    with torch.no_grad():  # long lengthscales, much noise: a plateau of a worse optimum
+        model.kernel.base_kernel.raw_lengthscale.fill_(30.0)
+        model.likelihood.noise_covar.raw_noise.fill_(2.0)
+    warm = racing.warm_parameters(model)
+
+    def final_loss(max_time, start):
+        trained = train_method("exact", (x, y), task="regression", num_classes=None,
+                               options={}, config=replace(config, max_time=max_time), seed=0,
+                               warm=start)
+        return min(trained.history.column("loss")), trained
+
+    warm_only, _ = final_loss(None, warm)  # no budget: nothing to restart in
+    fresh, _ = final_loss(config.max_time, None)
+    with caplog.at_level(logging.INFO, logger="gpscale.training"):
+        kept, trained = final_loss(config.max_time, warm)
+    assert "training it again from its own start" in caplog.text
+    assert fresh < warm_only - 1e-3
+    assert kept == fresh
+    assert trained.history.stopped == "converged"
+
+
+def test_only_converged_full_batch_lbfgs_runs_with_time_left_restart():
+    config = replace(resolve_fit_config("exact", 300), max_time=100.0)
+    history = History(rows=[{"epoch": 3, "time_s": 10.0, "loss": 0.5}], stopped="converged")
+    assert restart_time(history, config) == pytest.approx(90.0)
+    assert restart_time(history, replace(config, max_time=None)) is None
+    assert restart_time(history, replace(config, optimizer="adam")) is None
+    assert restart_time(replace(history, stopped="time"), config) is None
+    late = History(rows=[{"epoch": 30, "time_s": 60.0, "loss": 0.5}], stopped="converged")
+    assert restart_time(late, config) is None  # less than half its budget left

@@ -31,8 +31,11 @@ grid fits the function — so ``auto`` fits its candidates and looks:
 4. The winner is rebuilt on every row and trained for the rest of the budget, starting from
    the parameters its race's training ended with (again before the calibration) wherever
    their shapes still fit (hyperparameters, inducing points and variational parameters; not
-   per-row actions), at its pre-fit learning rate. :class:`RaceResult` records each
-   candidate's held-out NLL, RMSE, epochs and seconds for the reason line
+   per-row actions), at its pre-fit learning rate. A full-batch L-BFGS winner (the exact GP)
+   that converges from there with most of its time left is trained again from its own
+   defaults and the lower loss kept (:func:`gpscale.training.harness.restart_time`): on 128
+   inputs its race's parameters sat on a plateau of a worse optimum. :class:`RaceResult`
+   records each candidate's held-out NLL, RMSE, epochs and seconds for the reason line
    (``method_reason_``, the ``gpscale fit`` log).
 
 A slice does not anneal its learning rate towards its end (``FitConfig.budget_anneal`` is
