@@ -244,7 +244,7 @@ class _GPEstimator(BaseEstimator):
         if picked.race is None:
             return key, picked.options, None, None
         left = final_budget(budget, time.perf_counter() - tic)
-        return key, warm_options(key, picked.options, given), picked.warm, left
+        return key, warm_options(key, picked.options, given, picked.warm), picked.warm, left
 
     def _transform_xy(self, x, y):
         if self.transform_ is None:

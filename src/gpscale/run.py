@@ -194,7 +194,7 @@ def resolve_auto(spec: RunSpec, data: Dataset,
     if picked.race is None:
         return replace(spec, method=key, options=picked.options), None, picked.choice.reason
     left = final_budget(budget, time.perf_counter() - tic)
-    options = warm_options(key, picked.options, spec.options)
+    options = warm_options(key, picked.options, spec.options, picked.warm)
     return (replace(spec, method=key, options=options, max_time=left), picked.warm,
             picked.choice.reason)
 

@@ -94,11 +94,12 @@ def test_warm_parameters_copy_where_shapes_fit():
     assert "policy.values" not in copied  # per-row actions keep their fresh start
     assert "kernel.base_kernel.raw_lengthscale" in copied
     torch.testing.assert_close(b.kernel.base_kernel.lengthscale, a.kernel.base_kernel.lengthscale)
-    assert racing.warm_options("cagp-opt", {"num_actions": 64}, {}) == {"num_actions": 64,
+    warm = {"a": torch.zeros(1)}
+    assert racing.warm_options("cagp-opt", {"num_actions": 64}, {}, warm) == {"num_actions": 64,
                                                                   "prefit": "off"}
-    assert racing.warm_options("cagp-opt", {"prefit": "exact"}, {"prefit": "exact"}) == {
+    assert racing.warm_options("cagp-opt", {"prefit": "exact"}, {"prefit": "exact"}, warm) == {
         "prefit": "exact"}
-    assert racing.warm_options("svgp", {}, {}) == {}
+    assert racing.warm_options("svgp", {}, {}, warm) == {}
 
 
 def _config(key: str):
@@ -376,3 +377,31 @@ def test_only_converged_full_batch_lbfgs_runs_with_time_left_restart():
     assert restart_time(replace(history, stopped="time"), config) is None
     late = History(rows=[{"epoch": 30, "time_s": 60.0, "loss": 0.5}], stopped="converged")
     assert restart_time(late, config) is None  # less than half its budget left
+
+
+def test_a_winner_with_parameters_per_row_trains_from_its_own_start(monkeypatch):
+    """CaGP-Opt's actions belong to the race's rows: its final run gets no warm start and
+    keeps its pre-fit; a winner whose parameters all carry over (SVGP) starts from them."""
+    real = racing._run_slice
+    favourite = {"key": "cagp-opt"}
+
+    def rigged(runner, *args, **kwargs):  # the real slice, then the favourite ranked first
+        real(runner, *args, **kwargs)
+        runner.nll = 0.0 if runner.key == favourite["key"] else 1.0
+
+    monkeypatch.setattr(racing, "_run_slice", rigged)
+    x, y = _data(700, 3)
+    for key in ("cagp-opt", "svgp"):
+        favourite["key"] = key
+        result = racing.race(["cagp-opt", "svgp"], x, y, options={}, config_for=_config,
+                             budget=1_000.0, seed=0, epochs=2)
+        winner = result.runners[0]
+        assert winner.key == key == result.choice.method
+        assert winner.model.rows_in_parameters == (key == "cagp-opt")
+        if key == "cagp-opt":
+            assert result.warm is None
+        else:
+            assert any(name.endswith("raw_lengthscale") for name in result.warm)
+    assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, None) == {"num_actions": 8}
+    assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, {"a": torch.zeros(1)}) == {
+        "num_actions": 8, "prefit": "off"}

@@ -95,6 +95,11 @@ class Method(nn.Module, ABC):
     """Regression whose Gaussian noise σ² the harness calibrates on held-out rows after
     training (:mod:`gpscale.training.calibration`); such a method has a ``noise`` tensor and
     implements :meth:`set_noise`."""
+    rows_in_parameters: ClassVar[bool] = False
+    """Some trained parameters belong to individual training rows (CaGP-Opt's learned
+    actions): a model built on other rows cannot start from them, and the hyperparameters
+    trained with them are no better a start than the method's own pre-fit (``auto``'s race
+    winner then trains from its own start)."""
     max_start_lr: float | None = None
     """The largest learning rate training may start at, or ``None`` (the default): no cap. The
     harness sets it on a model built from pre-fitted start values (the ``prefit_max_lr``

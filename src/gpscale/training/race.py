@@ -29,9 +29,12 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    held-out rows for prediction (SoftKI rescales its outputscale) are scored,
    then set back to their trained values, which the training loss moves on from smoothly.
 4. The winner is rebuilt on every row and trained for the rest of the budget, starting from
-   the parameters its race's training ended with (again before the calibration) wherever
-   their shapes still fit (hyperparameters, inducing points and variational parameters; not
-   per-row actions), at its pre-fit learning rate. A full-batch L-BFGS winner (the exact GP)
+   the parameters its race's training ended with (again before the calibration:
+   hyperparameters, inducing points and variational parameters), at its pre-fit learning
+   rate. A winner with parameters per training row (CaGP-Opt's actions) starts from its own
+   defaults and pre-fit instead: its race's hyperparameters were trained with actions a
+   rebuilt model does not have, and from them its final run settled worse than from its
+   pre-fit on a 12-input set. A full-batch L-BFGS winner (the exact GP)
    that converges from there with most of its time left is trained again from its own
    defaults and the lower loss kept (:func:`gpscale.training.harness.restart_time`): on 128
    inputs its race's parameters sat on a plateau of a worse optimum. :class:`RaceResult`
@@ -151,7 +154,9 @@ class RaceResult:
         choice: the winner and the reason line (each candidate's held-out figures).
         options: the winner's options, typed.
         warm: the winner's trained parameters by name (for
-            :func:`gpscale.training.harness.load_warm`).
+            :func:`gpscale.training.harness.load_warm`); ``None`` for a winner with parameters
+            per training row (:attr:`~gpscale.methods.base.Method.rows_in_parameters`), which
+            trains from its own start.
         runners: every candidate, best first.
         seconds: the race's time, from the split to the winner's last evaluation.
         held: rows held out.
@@ -159,7 +164,7 @@ class RaceResult:
 
     choice: Choice
     options: dict[str, Any]
-    warm: dict[str, Tensor] = field(repr=False)
+    warm: dict[str, Tensor] | None = field(repr=False)
     runners: tuple[Runner, ...]
     seconds: float
     held: int
@@ -267,7 +272,8 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
     reason = (f"a race on {len(held_rows):,} held-out rows of {x.shape[0]:,} ({seconds:.0f} s"
               f"{began}): " + "; ".join(r.describe() for r in order)
               + f": {best.key}, the best held-out NLL")
-    warm = best.trained if best.trained is not None else warm_parameters(best.model)
+    warm = (None if best.model.rows_in_parameters else
+            best.trained if best.trained is not None else warm_parameters(best.model))
     return RaceResult(Choice(best.key, reason), best.options, warm, tuple(order), seconds,
                       len(held_rows))
 
@@ -368,10 +374,13 @@ def pick_auto(task: str, x: Tensor, y: Tensor, *, num_classes: int | None,
     return AutoPick(result.choice, result.options, result.warm, result)
 
 
-def warm_options(key: str, options: Mapping[str, Any], given: Mapping[str, Any]
-                 ) -> dict[str, Any]:
-    """The winner's options for its warm-started final run: no pre-fit (its race trained the
-    hyperparameters a pre-fit would estimate) unless the user asked for one."""
+def warm_options(key: str, options: Mapping[str, Any], given: Mapping[str, Any],
+                 warm: Mapping[str, Tensor] | None = None) -> dict[str, Any]:
+    """The winner's options for its final run: warm-started (``warm`` given), no pre-fit (its
+    race trained the hyperparameters a pre-fit would estimate) unless the user asked for one;
+    from its own start, ``options`` as they are."""
+    if warm is None:
+        return dict(options)
     declared = {o.name for o in get_spec(key).options}
     if "prefit" in declared and "prefit" not in given:
         return {**options, "prefit": PREFIT_OFF}

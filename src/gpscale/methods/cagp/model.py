@@ -159,6 +159,11 @@ class CaGP(HeldOutNoise, Method):
         learned on, so it trains on every row and keeps its ELBO's σ²."""
         return not isinstance(self.policy, LearnedBlockSparsePolicy)
 
+    @property
+    def rows_in_parameters(self) -> bool:
+        """CaGP-Opt's learned actions are values on the training rows."""
+        return isinstance(self.policy, LearnedBlockSparsePolicy)
+
     def condition(self, x: Tensor, y: Tensor, *, actions: Any = None) -> CaGPState:
         """Actions, K S, the float64 Gram factor and ṽ (Alg. S2 lines 1–5); differentiable.
 
