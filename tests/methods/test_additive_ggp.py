@@ -29,6 +29,8 @@ def _problem(n=400, d=4, seed=0):
 
 PRODUCTS = "rbf(0) * rbf(1) + matern32(2) * matern32(3)"
 """Products of one profile on disjoint inputs: a Kronecker product on each group's grid."""
+MIXED = "rbf(0) * periodic(1, period=4) + rq(2) + matern32(3)"
+"""Stationary kernels with no profile of their own on the grid: built from their values."""
 
 
 def _model(x, y, kernel=KERNEL, **options) -> AdditiveGGP:
@@ -60,7 +62,7 @@ def test_the_statistics_are_the_stacked_rows_gram_and_do_not_depend_on_chunks():
     torch.testing.assert_close(gram, one.gram, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kernel", [KERNEL, PRODUCTS])
+@pytest.mark.parametrize("kernel", [KERNEL, PRODUCTS, MIXED])
 def test_the_likelihood_is_ski_on_the_same_grids_and_near_the_exact_additive_gp(kernel):
     x, y = _problem()
     model = _model(x, y, kernel=kernel, solver="dense")
@@ -109,6 +111,7 @@ def test_the_solvers_agree_with_the_dense_reference():
 @pytest.mark.parametrize("variance, kernel, grid", [
     ("auto", KERNEL, None), ("exact", KERNEL, None), ("lanczos", KERNEL, None),
     ("auto", PRODUCTS, 64),  # Matérn-3/2 factors: a finer grid for the same interpolation error
+    ("auto", MIXED, 40),  # grid kernels from the kernel's values: the factorized CG
 ])
 def test_the_predictive_matches_the_exact_additive_gp(variance, kernel, grid):
     x, y = _problem()
@@ -134,9 +137,12 @@ def test_the_predictive_matches_the_exact_additive_gp(variance, kernel, grid):
 
 def test_what_ggp_cannot_interpolate_is_refused_in_one_line():
     spec = get_spec("ggp")
-    for text, why in [("rbf(0) * matern32(1)", "must be of one kind"),
-                      ("rbf(0) + periodic(1)", "'periodic' is not stationary"),
-                      ("rbf(0) + rq(1)", "no Toeplitz form"),
+    for text in ("rbf(0) * matern32(1)", "rbf(0) + periodic(1)", "rbf(0) + rq(1)",
+                 "matern32(0, 1) * matern32(2)"):
+        assert spec.resolve({"kernel": text})["kernel"] == text  # stationary: taken
+    for text, why in [("rbf(0) + linear(1)", "'linear' is not a function of x − x'"),
+                      ("rbf(0) * poly(1)", "'poly' is not a function of x − x'"),
+                      ("rbf(0) + constant", "'constant' has no inputs to put on a grid"),
                       ("rbf(0) + matern52", "takes every input")]:
         with pytest.raises(OptionError) as err:
             spec.resolve({"kernel": text})
@@ -146,8 +152,6 @@ def test_what_ggp_cannot_interpolate_is_refused_in_one_line():
         build("ggp", 4, init=(x, y), kernel="rbf(0:4)")
     with pytest.raises(ValueError, match="share an input"):
         build("ggp", 4, init=(x, y), kernel="rbf(0, 1) * rbf(1)")
-    with pytest.raises(ValueError, match="one input per factor"):
-        build("ggp", 4, init=(x, y), kernel="matern32(0, 1) * matern32(2)")
     with pytest.raises(ValueError, match="dense WᵀW needs"):
         build("ggp", 4, init=(x, y), kernel="rbf(0, 1) + rbf(2, 3)", grid_size=100)
     with pytest.raises(ValueError, match="one per input of each group"):
@@ -195,3 +199,51 @@ def test_a_product_of_one_kind_is_the_kronecker_kernel_on_its_grid():
     full[:, 2:] = nodes
     with torch.no_grad():
         torch.testing.assert_close(K_G, term(full, full).to_dense(), rtol=1e-10, atol=1e-12)
+
+
+
+@pytest.mark.parametrize("text, group, dims", [
+    ("rbf(0) + periodic(1, period=2)", 1, [1]),  # one input: a Toeplitz factor
+    ("rq(0, 1, alpha=0.5) + rbf(2)", 0, [0, 1]),  # joint distance, heavy tails
+    ("rbf(0) * periodic(1, period=2) * matern52(3)", 0, [0, 1, 3]),  # three kinds, 3-D
+    ("matern32(0, 1) * matern12(2)", 0, [0, 1, 2]),  # a Matérn of two inputs times one
+])
+def test_a_kernel_built_from_its_values_is_the_gpytorch_kernel_on_its_grid(text, group, dims):
+    """K_G of a group with no profile of its own equals the GPyTorch kernel at the grid's
+    nodes, in float64, and its gradients reach the kernel's hyperparameters."""
+    x, y = _problem(n=60)
+    model = _model(x, y, kernel=text, grid_size=6)
+    assert model.profiles[group] is None
+    grid = model.grids[group]
+    nodes = grid.points()
+    full = torch.zeros(len(nodes), 4, dtype=_F64)
+    full[:, dims] = nodes
+    term = model._terms()[group]
+    K_G = model._block_kernel(model.grids).kernels[group]
+    assert K_G.structure == ("kron" if len(dims) == 1 else "bttb")
+    torch.testing.assert_close(K_G.to_dense(), term(full, full).to_dense().detach(),
+                               rtol=1e-10, atol=1e-12)
+    # the local values w_*ᵀ K_G w_* reads: the kernel at the offsets of a point's nodes
+    deltas = torch.arange(2 * grid.support - 1, dtype=_F64) - (grid.support - 1)
+    offsets = torch.cartesian_prod(*[deltas * h for h in grid.spacing]).reshape(-1, len(dims))
+    at = torch.zeros(len(offsets), 4, dtype=_F64)
+    at[:, dims] = offsets
+    zero = torch.zeros(1, 4, dtype=_F64)
+    torch.testing.assert_close(K_G.local.detach(), term(at, zero).to_dense()[:, 0].detach(),
+                               rtol=1e-12, atol=1e-14)
+    v = torch.randn(K_G.num_grid, dtype=_F64, generator=torch.Generator().manual_seed(0))
+    K_G.matmul(v).square().sum().backward()
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0)
+               for p in term.parameters()), "every hyperparameter of the group gets a gradient"
+
+
+def test_a_periodic_group_keeps_every_test_point_in_reach():
+    """A periodic factor repeats: a test point off its group's grid is an error naming the
+    grid, never that group's prior."""
+    x, y = _problem(n=80)
+    x = x[:, :2]
+    model = _model(x, y, kernel="rbf(0) + periodic(1, period=2)", grid_size=16)
+    x_test = torch.zeros(3, 2, dtype=_F64)
+    x_test[0, 1] = 1e4
+    with pytest.raises(ValueError, match="grid"):
+        model.predict(model.condition(x, y), x_test)

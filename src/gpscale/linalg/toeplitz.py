@@ -8,6 +8,9 @@ r"""The kernel K_G on a regular grid and its FFT products (notes/002 §3.3).
   once (the reference code applies it per factor, s^d: notes §3.3, §11.16).
 - :func:`grid_kernel` builds it from a :class:`~gpscale.linalg.interpolation.Grid` and the kernel's
   hyperparameters, differentiably.
+- :func:`evaluated_grid_kernel` builds it for any stationary kernel k(x − x') from the kernel's
+  values at the grid's offsets (periodic, rational quadratic, products of different kinds):
+  Toeplitz in 1-D, multilevel Toeplitz beyond.
 
 The kernel factors follow the hyperparameters' dtype upcast to float64 (the m-dimensional solves
 are float64, notes §9.2).
@@ -16,6 +19,7 @@ are float64, notes §9.2).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,7 +29,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from gpscale.linalg.interpolation import Grid, Interpolation
 
-__all__ = ["PROFILES", "GridKernel", "grid_kernel"]
+__all__ = ["PROFILES", "GridKernel", "grid_kernel", "evaluated_grid_kernel"]
 
 PROFILES = ("rbf", "matern12", "matern32", "matern52")
 
@@ -165,3 +169,39 @@ def grid_kernel(grid: Grid, profile: str, lengthscale: Tensor, outputscale: Tens
     # The wrap-around entries (index m_j in some dimension) never meet an un-padded input.
     spectrum = torch.fft.rfftn(column).real
     return GridKernel(grid.sizes, "bttb", (spectrum,), scale, local)
+
+
+def _lags(m: int, spacing: float, device) -> Tensor:
+    """The offsets of a circulant embedding of size 2m along one axis: 0..m, then −(m−1)..−1,
+    times the grid spacing."""
+    p = torch.arange(2 * m, device=device)
+    return torch.where(p <= m, p, p - 2 * m).to(_F64) * spacing
+
+
+def evaluated_grid_kernel(grid: Grid, stationary: Callable[[Tensor], Tensor],
+                          device=None) -> GridKernel:
+    """K_G of a stationary kernel on ``grid`` from its values at offsets: ``stationary(τ)``
+    maps offsets τ (P, d) in float64 to k(τ, 0) (P,), outputscale included, differentiably.
+
+    With one input the kernel is one symmetric Toeplitz factor (``kron``, so a Kronecker
+    preconditioner can take it); with more, multilevel Toeplitz (``bttb``): exact for any
+    stationary kernel, a product of kernels of different kinds or a kernel of the joint
+    distance alike. Its cost is the embedding's: 2^d m evaluations once, then FFTs of that size.
+    """
+    d = grid.num_dims
+    q = 2 * grid.support - 1
+    delta = torch.arange(q, dtype=_F64, device=device) - (grid.support - 1)
+    local_axes = [delta * grid.spacing[j] for j in range(d)]
+    local = stationary(torch.cartesian_prod(*local_axes).reshape(-1, d)).to(_F64)
+    one = torch.ones((), dtype=_F64, device=local.device)
+    if d == 1:
+        m = grid.sizes[0]
+        lag = torch.arange(m, dtype=_F64, device=device) * grid.spacing[0]
+        t = stationary(lag[:, None]).to(_F64)
+        return GridKernel(grid.sizes, "kron", (torch.fft.rfft(_embedding_column(t)).real,),
+                          one, local)
+    axes = [_lags(m, grid.spacing[j], device) for j, m in enumerate(grid.sizes)]
+    column = stationary(torch.cartesian_prod(*axes)).to(_F64).reshape(
+        [2 * m for m in grid.sizes])
+    # The wrap-around entries (index m_j in some dimension) never meet an un-padded input.
+    return GridKernel(grid.sizes, "bttb", (torch.fft.rfftn(column).real,), one, local)

@@ -12,11 +12,14 @@ the whitened solve's preconditioner is block diagonal (each group's Kronecker on
 ``solver='auto'`` takes it where every group's kernel is a Kronecker product (RBF, or any kernel
 on one input) and the factorized CG otherwise.
 
-What a group admits: one stationary profile (RBF, Matérn ½, 3/2, 5/2) on at most three inputs,
-with its own ARD lengthscales and outputscale, or a product of kernels of one profile on
-disjoint inputs (RBF on any, Matérn one input per factor: a Kronecker product on the group's
-grid). Periodic, linear, polynomial and rational quadratic kernels have no Toeplitz form on the
-grid this code builds.
+What a group admits: any stationary kernel k(x − x') on at most three inputs, with its own
+lengthscales and outputscale: RBF, Matérn ½, 3/2, 5/2, rational quadratic, periodic, and
+products of these on disjoint inputs. One profile, or a product of one profile over single
+inputs (RBF on any), is a Kronecker product built from the profile
+(:func:`~gpscale.linalg.toeplitz.grid_kernel`); any other group's K_G is built from the
+kernel's own values at the grid's offsets (:func:`~gpscale.linalg.toeplitz.evaluated_grid_kernel`:
+Toeplitz on one input, multilevel Toeplitz on more, whose products the factorized CG solves).
+Linear and polynomial kernels are not functions of x − x' and have no Toeplitz form.
 
 Grid sizes per group: :data:`ADDITIVE_GRID_SIZE` points per input by the group's size (smaller
 than one grid's defaults: M = Σ_g m_g sets the dense WᵀW's M² memory and product cost); one
@@ -25,21 +28,25 @@ in order.
 
 A test point beyond the kernel's reach of a group's grid gets that group's prior (mean 0,
 variance its outputscale) and no weight on it; within reach but outside a grid it is an error,
-as for one grid.
+as for one grid. A periodic or rational quadratic factor never lets a point out of reach (the
+one repeats, the other decays only polynomially): its group's grid must cover the test points
+(``grid_bounds``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import gpytorch
 import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive
 from gpscale.kernels import KERNELS
-from gpscale.kernels.algebra import STATIONARY, KernelSpec, KernelSyntaxError, parse_kernel
+from gpscale.kernels.algebra import KernelSpec, KernelSyntaxError, parse_kernel
 from gpscale.linalg.additive import (
     AdditiveRows,
     BlockGridKernel,
@@ -52,7 +59,7 @@ from gpscale.linalg.interpolation import Grid, Interpolation, interpolate, make_
 from gpscale.linalg.ops import rademacher, safe_cholesky
 from gpscale.linalg.reach import beyond_box
 from gpscale.linalg.stencil import pair_offsets
-from gpscale.linalg.toeplitz import grid_kernel
+from gpscale.linalg.toeplitz import evaluated_grid_kernel, grid_kernel
 from gpscale.methods._common import HeldOutNoise
 from gpscale.methods.base import Method, predict_in_chunks
 from gpscale.methods.ski.solve import (
@@ -78,6 +85,10 @@ DENSE_GRAM_MAX = 16_384
 _F64 = torch.float64
 _PROFILES = {"rbf": "rbf", "matern12": "matern12", "matern32": "matern32",
              "matern52": "matern52"}
+GRID_LEAVES = (*_PROFILES, "rq", "periodic")
+"""Leaves of a group's kernel: stationary, k(x − x') (module docstring)."""
+_UNBOUNDED = ("rq", "periodic")
+"""Leaves that never let a point out of reach (module docstring)."""
 
 
 def additive_refusal(text: str) -> str | None:
@@ -90,23 +101,21 @@ def additive_refusal(text: str) -> str | None:
         return None  # the option's parser names the position
     for term in spec.terms:
         for leaf in term:
-            if leaf.name not in _PROFILES:
-                why = ("is not stationary" if leaf.name not in STATIONARY else
-                       "has no Toeplitz form on the grid here")
-                return (f"GGP interpolates sums of RBF and Matérn kernels on at most {MAX_DIMS} "
+            if leaf.name not in GRID_LEAVES:
+                why = ("has no inputs to put on a grid (the constant mean takes an offset)"
+                       if leaf.name == "constant" else "is not a function of x − x'")
+                return (f"GGP interpolates sums of stationary kernels on at most {MAX_DIMS} "
                         f"inputs each; {leaf.name!r} {why}")
             if leaf.columns is None:
                 return (f"each term of an additive GGP needs its inputs (at most {MAX_DIMS}), "
                         f"e.g. {leaf.name}(0, 1); {leaf.text!r} takes every input")
-        if len(term) > 1 and len({leaf.name for leaf in term}) > 1:
-            return ("a product within a term is one grid over the union of its inputs, a "
-                    "Kronecker product of one profile: its kernels must be of one kind, not "
-                    f"{' and '.join(sorted({leaf.name for leaf in term}))}")
     return None
 
 
-def additive_terms(text: str, num_dims: int) -> tuple[KernelSpec, list[str], list[list[int]]]:
-    """The parsed expression, each term's profile and input indices.
+def additive_terms(text: str, num_dims: int
+                   ) -> tuple[KernelSpec, list[str | None], list[list[int]]]:
+    """The parsed expression, each term's profile (``None`` where its K_G is built from the
+    kernel's values: module docstring) and input indices.
 
     Raises:
         ValueError: what :func:`additive_refusal` names, or a group of more than 3 inputs.
@@ -126,21 +135,56 @@ def additive_terms(text: str, num_dims: int) -> tuple[KernelSpec, list[str], lis
             raise ValueError(f"kernel {text!r}: the term {where!r} is on {len(cols)} inputs; a "
                              f"GGP grid takes at most {MAX_DIMS} (split it into smaller groups, "
                              "or use svgp or cagp-opt)")
-        if len(term) > 1 and term[0].name != "rbf" and any(len(c) > 1 for c in leaf_cols):
-            raise ValueError(f"kernel {text!r}: in {where!r} a Matérn factor on several inputs "
-                             "is not a product over them; a product of Matérn kernels on the "
-                             "grid takes one input per factor")
         columns.append(cols)
-    return spec, [_PROFILES[term[0].name] for term in spec.terms], columns
+    return spec, [_profile_of(term, cols) for term, cols in
+                  zip(spec.terms, spec.resolve(num_dims), strict=True)], columns
+
+
+def _profile_of(term, leaf_cols) -> str | None:
+    """The profile whose Kronecker (or joint-distance) K_G :func:`grid_kernel` builds for a
+    term: one RBF or Matérn leaf, or a product of one of them over single inputs (RBF over
+    any); ``None`` otherwise."""
+    names = {leaf.name for leaf in term}
+    if len(names) > 1 or not names <= set(_PROFILES):
+        return None
+    name = names.pop()
+    if len(term) == 1 or name == "rbf" or all(len(c) == 1 for c in leaf_cols):
+        return _PROFILES[name]
+    return None
+
+
+def _leaves(term) -> list[Any]:
+    base = term.base_kernel
+    return list(base.kernels) if hasattr(base, "kernels") else [base]
 
 
 def term_lengthscale(term) -> Tensor:
     """The lengthscales (d_g,) of a term (a ScaleKernel) over its inputs in order: one
     leaf's, or a product's leaves' concatenated (each broadcast over its own inputs)."""
-    base = term.base_kernel
-    leaves = list(base.kernels) if hasattr(base, "kernels") else [base]
     return torch.cat([leaf.lengthscale.reshape(-1).expand(len(leaf.active_dims))
-                      for leaf in leaves])
+                      for leaf in _leaves(term)])
+
+
+def term_reach(term) -> Tensor:
+    """The lengthscales (d_g,) that decide a term's reach (:func:`term_lengthscale`), infinite
+    over a factor that never lets a point out of it (:data:`_UNBOUNDED`)."""
+    unbounded = (gpytorch.kernels.PeriodicKernel, gpytorch.kernels.RQKernel)
+    return torch.cat([
+        (torch.full((len(leaf.active_dims),), math.inf, dtype=leaf.lengthscale.dtype,
+                    device=leaf.lengthscale.device) if isinstance(leaf, unbounded)
+         else leaf.lengthscale.reshape(-1).expand(len(leaf.active_dims)))
+        for leaf in _leaves(term)])
+
+
+def term_at_offsets(term, columns: list[int], num_dims: int) -> Callable[[Tensor], Tensor]:
+    """τ (P, d_g) ↦ the term's k(τ, 0) (P,) in float64: the offsets placed on the term's
+    ``columns`` of ``num_dims`` inputs, evaluated by the GPyTorch kernel itself."""
+    def values(tau: Tensor) -> Tensor:
+        dtype = term.outputscale.dtype
+        x = tau.new_zeros(tau.shape[0], num_dims, dtype=dtype)
+        x[:, columns] = tau.to(dtype)
+        return term(x, x[:1] * 0).to_dense()[:, 0].to(_F64)
+    return values
 
 
 def resolve_additive_grids(columns: list[list[int]], init, grid_size, grid_bounds,
@@ -277,7 +321,13 @@ class AdditiveGGP(HeldOutNoise, Method):
 
     def _block_kernel(self, grids: list[Grid]) -> BlockGridKernel:
         blocks = []
-        for term, grid, profile in zip(self._terms(), grids, self.profiles, strict=True):
+        for term, grid, profile, cols in zip(self._terms(), grids, self.profiles, self.columns,
+                                             strict=True):
+            if profile is None:  # from the kernel's own values (module docstring)
+                blocks.append(evaluated_grid_kernel(
+                    grid, term_at_offsets(term, cols, self.num_dims),
+                    device=term.outputscale.device))
+                continue
             product = hasattr(term.base_kernel, "kernels")  # one profile's Kronecker product
             blocks.append(grid_kernel(grid, profile, term_lengthscale(term),
                                       term.outputscale.reshape(()), per_input=product))
@@ -345,7 +395,7 @@ class AdditiveGGP(HeldOutNoise, Method):
             term = self._variance_term(GK, stats)
             reach = [(torch.tensor(lo, dtype=_F64, device=x_test.device),
                       torch.tensor(hi, dtype=_F64, device=x_test.device),
-                      term_lengthscale(t).to(_F64)[None])
+                      term_reach(t).to(_F64)[None])
                      for (lo, hi), t in zip((g.bounds() for g in grids), self._terms(),
                                             strict=True)]
             scales = [t.outputscale.to(_F64).reshape(()) for t in self._terms()]
