@@ -138,7 +138,7 @@ def test_the_predictive_matches_the_exact_additive_gp(variance, kernel, grid):
 def test_what_ggp_cannot_interpolate_is_refused_in_one_line():
     spec = get_spec("ggp")
     for text in ("rbf(0) * matern32(1)", "rbf(0) + periodic(1)", "rbf(0) + rq(1)",
-                 "matern32(0, 1) * matern32(2)"):
+                 "matern32(0, 1) * matern32(2)", "rbf(0) * periodic(0) + rbf(1)"):
         assert spec.resolve({"kernel": text})["kernel"] == text  # stationary: taken
     for text, why in [("rbf(0) + linear(1)", "'linear' is not a function of x − x'"),
                       ("rbf(0) * poly(1)", "'poly' is not a function of x − x'"),
@@ -150,8 +150,6 @@ def test_what_ggp_cannot_interpolate_is_refused_in_one_line():
     x, y = _problem(n=50)
     with pytest.raises(ValueError, match="on 4 inputs; a GGP grid takes at most 3"):
         build("ggp", 4, init=(x, y), kernel="rbf(0:4)")
-    with pytest.raises(ValueError, match="share an input"):
-        build("ggp", 4, init=(x, y), kernel="rbf(0, 1) * rbf(1)")
     with pytest.raises(ValueError, match="dense WᵀW needs"):
         build("ggp", 4, init=(x, y), kernel="rbf(0, 1) + rbf(2, 3)", grid_size=100)
     with pytest.raises(ValueError, match="one per input of each group"):
@@ -207,6 +205,8 @@ def test_a_product_of_one_kind_is_the_kronecker_kernel_on_its_grid():
     ("rq(0, 1, alpha=0.5) + rbf(2)", 0, [0, 1]),  # joint distance, heavy tails
     ("rbf(0) * periodic(1, period=2) * matern52(3)", 0, [0, 1, 3]),  # three kinds, 3-D
     ("matern32(0, 1) * matern12(2)", 0, [0, 1, 2]),  # a Matérn of two inputs times one
+    ("rbf(0) * periodic(0, period=2) + rbf(1)", 0, [0]),  # locally periodic: factors share
+    ("rbf(0, 1) * rq(1) + rbf(2)", 0, [0, 1]),
 ])
 def test_a_kernel_built_from_its_values_is_the_gpytorch_kernel_on_its_grid(text, group, dims):
     """K_G of a group with no profile of its own equals the GPyTorch kernel at the grid's
@@ -239,11 +239,19 @@ def test_a_kernel_built_from_its_values_is_the_gpytorch_kernel_on_its_grid(text,
 
 def test_a_periodic_group_keeps_every_test_point_in_reach():
     """A periodic factor repeats: a test point off its group's grid is an error naming the
-    grid, never that group's prior."""
+    grid, never that group's prior; times a decaying factor (locally periodic) the point
+    leaves the group's reach where that factor's lengthscales say so."""
     x, y = _problem(n=80)
     x = x[:, :2]
-    model = _model(x, y, kernel="rbf(0) + periodic(1, period=2)", grid_size=16)
-    x_test = torch.zeros(3, 2, dtype=_F64)
-    x_test[0, 1] = 1e4
+    model = _model(x, y, kernel="rbf(0) * periodic(0, period=2) + periodic(1, period=2)",
+                   grid_size=16)
+    state = model.condition(x, y)
+    x_test = torch.zeros(2, 2, dtype=_F64)
+    x_test[0, 0] = 1e4  # beyond the locally periodic group's reach: its prior
+    pred = model.predict(state, x_test)
+    first = model._terms()[0].outputscale.detach()
+    assert float(pred.variance[0]) >= float(first) * (1 - 1e-9)
+    assert float(pred.variance[1]) < float(first)
+    x_test[1, 1] = 1e4
     with pytest.raises(ValueError, match="grid"):
-        model.predict(model.condition(x, y), x_test)
+        model.predict(state, x_test)

@@ -14,7 +14,8 @@ on one input) and the factorized CG otherwise.
 
 What a group admits: any stationary kernel k(x − x') on at most three inputs, with its own
 lengthscales and outputscale: RBF, Matérn ½, 3/2, 5/2, rational quadratic, periodic, and
-products of these on disjoint inputs. One profile, or a product of one profile over single
+products of these (on the union of their inputs: ``rbf(0) * periodic(0)`` is a locally
+periodic kernel on one grid). One profile, or a product of one profile over single
 inputs (RBF on any), is a Kronecker product built from the profile
 (:func:`~gpscale.linalg.toeplitz.grid_kernel`); any other group's K_G is built from the
 kernel's own values at the grid's offsets (:func:`~gpscale.linalg.toeplitz.evaluated_grid_kernel`:
@@ -126,11 +127,8 @@ def additive_terms(text: str, num_dims: int
     spec = parse_kernel(text)
     columns = []
     for term, leaf_cols in zip(spec.terms, spec.resolve(num_dims), strict=True):
-        cols = [j for c in leaf_cols for j in c]
+        cols = list(dict.fromkeys(j for c in leaf_cols for j in c))  # factors may share
         where = " * ".join(leaf.text for leaf in term)
-        if len(set(cols)) < len(cols):
-            raise ValueError(f"kernel {text!r}: the factors of {where!r} share an input; a "
-                             "product on one grid needs disjoint inputs")
         if len(cols) > MAX_DIMS:
             raise ValueError(f"kernel {text!r}: the term {where!r} is on {len(cols)} inputs; a "
                              f"GGP grid takes at most {MAX_DIMS} (split it into smaller groups, "
@@ -145,7 +143,8 @@ def _profile_of(term, leaf_cols) -> str | None:
     term: one RBF or Matérn leaf, or a product of one of them over single inputs (RBF over
     any); ``None`` otherwise."""
     names = {leaf.name for leaf in term}
-    if len(names) > 1 or not names <= set(_PROFILES):
+    flat = [j for c in leaf_cols for j in c]
+    if len(names) > 1 or not names <= set(_PROFILES) or len(set(flat)) < len(flat):
         return None
     name = names.pop()
     if len(term) == 1 or name == "rbf" or all(len(c) == 1 for c in leaf_cols):
@@ -165,15 +164,22 @@ def term_lengthscale(term) -> Tensor:
                       for leaf in _leaves(term)])
 
 
-def term_reach(term) -> Tensor:
-    """The lengthscales (d_g,) that decide a term's reach (:func:`term_lengthscale`), infinite
-    over a factor that never lets a point out of it (:data:`_UNBOUNDED`)."""
+def term_reach(term, columns: list[int]) -> Tensor:
+    """The lengthscales (d_g,) over a term's ``columns`` that decide its reach: a product is
+    negligible where any of its factors is, so each input takes the shortest lengthscale of
+    the factors on it that decay; infinite where only a factor that never lets a point out of
+    reach (:data:`_UNBOUNDED`) reads it."""
     unbounded = (gpytorch.kernels.PeriodicKernel, gpytorch.kernels.RQKernel)
-    return torch.cat([
-        (torch.full((len(leaf.active_dims),), math.inf, dtype=leaf.lengthscale.dtype,
-                    device=leaf.lengthscale.device) if isinstance(leaf, unbounded)
-         else leaf.lengthscale.reshape(-1).expand(len(leaf.active_dims)))
-        for leaf in _leaves(term)])
+    reach = torch.full((len(columns),), math.inf, dtype=_F64)
+    with torch.no_grad():
+        for leaf in _leaves(term):
+            if isinstance(leaf, unbounded):
+                continue
+            ell = leaf.lengthscale.detach().reshape(-1).expand(len(leaf.active_dims))
+            for k, col in enumerate(leaf.active_dims.tolist()):
+                at = columns.index(col)
+                reach[at] = min(float(reach[at]), float(ell[k]))
+    return reach
 
 
 def term_at_offsets(term, columns: list[int], num_dims: int) -> Callable[[Tensor], Tensor]:
@@ -395,9 +401,9 @@ class AdditiveGGP(HeldOutNoise, Method):
             term = self._variance_term(GK, stats)
             reach = [(torch.tensor(lo, dtype=_F64, device=x_test.device),
                       torch.tensor(hi, dtype=_F64, device=x_test.device),
-                      term_reach(t).to(_F64)[None])
-                     for (lo, hi), t in zip((g.bounds() for g in grids), self._terms(),
-                                            strict=True)]
+                      term_reach(t, cols).to(x_test.device)[None])
+                     for (lo, hi), t, cols in zip((g.bounds() for g in grids), self._terms(),
+                                                  self.columns, strict=True)]
             scales = [t.outputscale.to(_F64).reshape(()) for t in self._terms()]
 
             def chunk(xc: Tensor) -> Predictive:
