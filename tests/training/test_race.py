@@ -16,6 +16,7 @@ from gpscale import GPRegressor
 from gpscale.cli.__main__ import main
 from gpscale.methods.auto import race_candidates, split_mode
 from gpscale.methods.options import OptionError
+from gpscale.training import harness
 from gpscale.training import race as racing
 from gpscale.training.config import resolve_fit_config
 from gpscale.training.harness import (
@@ -399,9 +400,34 @@ def test_a_winner_with_parameters_per_row_trains_from_its_own_start(monkeypatch)
         assert winner.key == key == result.choice.method
         assert winner.model.rows_in_parameters == (key == "cagp-opt")
         if key == "cagp-opt":
-            assert result.warm is None
+            assert result.warm == {}
         else:
             assert any(name.endswith("raw_lengthscale") for name in result.warm)
-    assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, None) == {"num_actions": 8}
+    assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, {}) == {"num_actions": 8}
     assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, {"a": torch.zeros(1)}) == {
         "num_actions": 8, "prefit": "off"}
+
+
+def test_a_race_winners_build_counts_against_what_the_race_left(monkeypatch):
+    """The final run of a race's winner (``warm`` given, empty where it starts from its own
+    start) trains for what the race left less its build (a pre-fit); any other run's
+    ``max_time`` is its training time alone."""
+    seen = []
+    real_build, real_train = harness.build_method, harness.train_built
+
+    def slow_build(*args, **kwargs):
+        model, _ = real_build(*args, **kwargs)
+        return model, 30.0  # as if its pre-fit had taken 30 s
+
+    def spy(model, train, config, *args, **kwargs):
+        seen.append(config.max_time)
+        return real_train(model, train, replace(config, epochs=1), *args, **kwargs)
+
+    monkeypatch.setattr(harness, "build_method", slow_build)
+    monkeypatch.setattr(harness, "train_built", spy)
+    x, y = _data(200, 2)
+    config = replace(resolve_fit_config("svgp", 200), max_time=100.0)
+    for warm in ({}, None):
+        train_method("svgp", (x, y), task="regression", num_classes=None,
+                     options={"num_inducing": 8}, config=config, seed=0, warm=warm)
+    assert seen == [pytest.approx(70.0), 100.0]

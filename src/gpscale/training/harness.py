@@ -213,7 +213,9 @@ def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
                  warm: Mapping[str, Tensor] | None = None) -> Trained:
     """:func:`build_method` then :func:`train_built` in one process, under one seeded RNG
     stream (forked: the caller's RNG state is left as it was). ``warm``: parameters to start
-    from (:func:`start_warm`), as ``auto``'s race leaves its winner's; a full-batch L-BFGS run
+    from (:func:`start_warm`), as ``auto``'s race leaves its winner's (empty for a winner that
+    starts from its own start); given, its build (a pre-fit) counts against ``max_time``, what
+    the race left of the budget. A full-batch L-BFGS run
     that converges from them with at least :data:`RESTART_MIN_SHARE` of its budget left is
     trained again from its own start and the run with the lower loss kept (:func:`restart_time`;
     its history's clock counts both runs).
@@ -231,7 +233,10 @@ def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
             model, setup_time = build_method(method, train, task=task, num_classes=num_classes,
                                              options=options, config=config, seed=None,
                                              device=device)
-            if warm is not None:
+            if warm is not None and config.max_time is not None:  # the race's time covers
+                config = replace(config, max_time=max(config.max_time - setup_time,  # the build
+                                                      MIN_FINAL_SECONDS))
+            if warm:
                 start_warm(model, warm, method, options)
             history, state = train_built(model, tuple(t.to(device) for t in train), config,
                                          callbacks)
@@ -254,6 +259,8 @@ def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
     return kept
 
 
+MIN_FINAL_SECONDS = 1.0
+"""Least training seconds a race's winner gets after its build, whatever the build took."""
 RESTART_MIN_SHARE = 0.5
 """Least share of its time budget a full-batch L-BFGS run warm-started by ``auto``'s race must
 have left when it converges for :func:`train_method` to train it again from its own start."""

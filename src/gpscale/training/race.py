@@ -154,9 +154,9 @@ class RaceResult:
         choice: the winner and the reason line (each candidate's held-out figures).
         options: the winner's options, typed.
         warm: the winner's trained parameters by name (for
-            :func:`gpscale.training.harness.load_warm`); ``None`` for a winner with parameters
+            :func:`gpscale.training.harness.load_warm`); empty for a winner with parameters
             per training row (:attr:`~gpscale.methods.base.Method.rows_in_parameters`), which
-            trains from its own start.
+            trains from its own start, pre-fit included, within what the race left.
         runners: every candidate, best first.
         seconds: the race's time, from the split to the winner's last evaluation.
         held: rows held out.
@@ -164,7 +164,7 @@ class RaceResult:
 
     choice: Choice
     options: dict[str, Any]
-    warm: dict[str, Tensor] | None = field(repr=False)
+    warm: dict[str, Tensor] = field(repr=False)
     runners: tuple[Runner, ...]
     seconds: float
     held: int
@@ -272,7 +272,7 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
     reason = (f"a race on {len(held_rows):,} held-out rows of {x.shape[0]:,} ({seconds:.0f} s"
               f"{began}): " + "; ".join(r.describe() for r in order)
               + f": {best.key}, the best held-out NLL")
-    warm = (None if best.model.rows_in_parameters else
+    warm = ({} if best.model.rows_in_parameters else
             best.trained if best.trained is not None else warm_parameters(best.model))
     return RaceResult(Choice(best.key, reason), best.options, warm, tuple(order), seconds,
                       len(held_rows))
@@ -376,10 +376,10 @@ def pick_auto(task: str, x: Tensor, y: Tensor, *, num_classes: int | None,
 
 def warm_options(key: str, options: Mapping[str, Any], given: Mapping[str, Any],
                  warm: Mapping[str, Tensor] | None = None) -> dict[str, Any]:
-    """The winner's options for its final run: warm-started (``warm`` given), no pre-fit (its
-    race trained the hyperparameters a pre-fit would estimate) unless the user asked for one;
-    from its own start, ``options`` as they are."""
-    if warm is None:
+    """The winner's options for its final run: warm-started (``warm`` not empty), no pre-fit
+    (its race trained the hyperparameters a pre-fit would estimate) unless the user asked for
+    one; from its own start, ``options`` as they are."""
+    if not warm:
         return dict(options)
     declared = {o.name for o in get_spec(key).options}
     if "prefit" in declared and "prefit" not in given:
