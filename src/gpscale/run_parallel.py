@@ -26,7 +26,7 @@ from gpscale.distributed.shard import shard_range
 from gpscale.distributions import Predictive
 from gpscale.run import Outcome, RunSpec, run
 from gpscale.training import FitConfig
-from gpscale.training.harness import build_method, start_warm, train_built
+from gpscale.training.harness import after_build, build_method, start_warm, train_built
 from gpscale.training.parallel import DataParallel
 
 __all__ = ["Ranks", "run_rank"]
@@ -73,7 +73,8 @@ class Ranks:
         model, setup_time = build_method(spec.method, train, task=data.task,
                                          num_classes=data.num_classes, options=spec.options,
                                          config=config, seed=spec.seed, device=env.device)
-        if warm is not None:
+        config = after_build(config, warm, setup_time)
+        if warm:
             start_warm(model, warm, spec.method, spec.options)
         broadcast_module(model)  # identical parameters, whatever the initialisation did per rank
         start, stop = shard_range(n, env.rank, env.world_size)

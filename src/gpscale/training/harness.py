@@ -57,7 +57,7 @@ from gpscale.training.schedules import LOSS_SD
 from gpscale.training.validation import Validation, split_holdout, validation_patience
 
 __all__ = ["Trained", "build_method", "cast", "train_built", "train_method", "load_warm",
-           "start_warm", "restart_time", "RESTART_MIN_SHARE"]
+           "start_warm", "restart_time", "after_build", "RESTART_MIN_SHARE", "MIN_FINAL_SECONDS"]
 
 log = logging.getLogger("gpscale.training")
 
@@ -233,9 +233,7 @@ def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
             model, setup_time = build_method(method, train, task=task, num_classes=num_classes,
                                              options=options, config=config, seed=None,
                                              device=device)
-            if warm is not None and config.max_time is not None:  # the race's time covers
-                config = replace(config, max_time=max(config.max_time - setup_time,  # the build
-                                                      MIN_FINAL_SECONDS))
+            config = after_build(config, warm, setup_time)
             if warm:
                 start_warm(model, warm, method, options)
             history, state = train_built(model, tuple(t.to(device) for t in train), config,
@@ -264,6 +262,17 @@ MIN_FINAL_SECONDS = 1.0
 RESTART_MIN_SHARE = 0.5
 """Least share of its time budget a full-batch L-BFGS run warm-started by ``auto``'s race must
 have left when it converges for :func:`train_method` to train it again from its own start."""
+
+
+def after_build(config: FitConfig, warm: Mapping[str, Tensor] | None,
+                setup_time: float) -> FitConfig:
+    """``config`` for training after a build of ``setup_time`` seconds: a race's winner
+    (``warm`` given, empty where it starts from its own start) must finish within what the race
+    left of the budget, so its build (a pre-fit) counts against ``max_time``; any other run's
+    ``max_time`` is its training time alone."""
+    if warm is None or config.max_time is None:
+        return config
+    return replace(config, max_time=max(config.max_time - setup_time, MIN_FINAL_SECONDS))
 
 
 def restart_time(history: History, config: FitConfig) -> float | None:
