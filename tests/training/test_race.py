@@ -431,3 +431,34 @@ def test_a_race_winners_build_counts_against_what_the_race_left(monkeypatch):
         train_method("svgp", (x, y), task="regression", num_classes=None,
                      options={"num_inducing": 8}, config=config, seed=0, warm=warm)
     assert seen == [pytest.approx(70.0), 100.0]
+
+
+def test_a_failed_run_from_its_own_start_keeps_the_warm_one(monkeypatch, caplog):
+    """The second run is a chance, not a risk: where it fails, the converged warm-started run
+    is returned, warned."""
+    from gpscale.errors import NumericalError
+
+    x, y = _data(300, 3)
+    config = resolve_fit_config("exact", 300)
+    model, _ = build_method("exact", (x, y), task="regression", num_classes=None, options={},
+                            config=config, seed=0)
+    with torch.no_grad():
+        model.kernel.base_kernel.raw_lengthscale.fill_(30.0)
+        model.likelihood.noise_covar.raw_noise.fill_(2.0)
+    warm = racing.warm_parameters(model)
+    warm_only = train_method("exact", (x, y), task="regression", num_classes=None, options={},
+                             config=replace(config, max_time=None), seed=0, warm=warm)
+    real, builds = harness.build_method, []
+
+    def second_fails(*args, **kwargs):
+        builds.append(1)
+        if len(builds) == 2:
+            raise NumericalError("the Cholesky factor failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "build_method", second_fails)
+    with caplog.at_level(logging.INFO, logger="gpscale.training"):
+        kept = train_method("exact", (x, y), task="regression", num_classes=None, options={},
+                            config=config, seed=0, warm=warm)
+    assert len(builds) == 2 and "keeping the warm-started one" in caplog.text
+    assert min(kept.history.column("loss")) == min(warm_only.history.column("loss"))

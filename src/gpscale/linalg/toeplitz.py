@@ -161,9 +161,7 @@ def grid_kernel(grid: Grid, profile: str, lengthscale: Tensor, outputscale: Tens
         return GridKernel(grid.sizes, "kron", tuple(spectra), scale, local)
     axes = []
     for j, m_j in enumerate(grid.sizes):
-        p = torch.arange(2 * m_j, device=device)
-        lag = torch.where(p <= m_j, p, p - 2 * m_j).to(_F64) * grid.spacing[j] / ell[j]
-        axes.append(lag**2)
+        axes.append((_lags(m_j, grid.spacing[j], device) / ell[j]) ** 2)
     r2 = sum(torch.meshgrid(*axes, indexing="ij"))
     column = _profile(profile, r2)
     # The wrap-around entries (index m_j in some dimension) never meet an un-padded input.

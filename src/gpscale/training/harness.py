@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from gpscale.devices import check_dense_fits, inducing_options, on_cpu_after_oom
+from gpscale.errors import NonFiniteLossError, NumericalError
 from gpscale.methods.base import Method
 from gpscale.methods.registry import build, get_spec
 from gpscale.training.calibration import calibrate_noise, heldout_rows
@@ -241,13 +242,19 @@ def train_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
         return Trained(model, history, state, setup_time)
 
     trained = once(warm, config)
-    left = restart_time(trained.history, config) if warm is not None else None
+    left = (restart_time(trained.history, after_build(config, warm, trained.setup_time))
+            if warm is not None else None)
     if left is None:
         return trained
     log.info("%s converged from its warm start after %.0f s at loss %.4g; training it again "
              "from its own start for the %.0f s left, keeping the lower loss", method,
              trained.history.train_time, _final_loss(trained.history), left)
-    fresh = once(None, replace(config, max_time=left, checkpoint=None))
+    try:  # an empty warm start: its build, too, counts against the time left
+        fresh = once({}, replace(config, max_time=left, checkpoint=None))
+    except (NonFiniteLossError, NumericalError, RuntimeError, ValueError) as err:
+        log.warning("%s: the run from its own start failed (%s); keeping the warm-started one",
+                    method, str(err).splitlines()[0][:120] if str(err) else type(err).__name__)
+        return trained
     kept, other = ((fresh, trained) if _final_loss(fresh.history) < _final_loss(trained.history)
                    else (trained, fresh))
     log.info("keeping the run from its %s start (loss %.4g against %.4g)",
