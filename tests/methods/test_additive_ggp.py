@@ -148,7 +148,7 @@ def test_what_ggp_cannot_interpolate_is_refused_in_one_line():
             spec.resolve({"kernel": text})
         assert why in str(err.value) and "\n" not in str(err.value)
     x, y = _problem(n=50)
-    with pytest.raises(ValueError, match="on 4 inputs; a GGP grid takes at most 3"):
+    with pytest.raises(ValueError, match="on 4 inputs; a grid takes at most 3"):
         build("ggp", 4, init=(x, y), kernel="rbf(0:4)")
     with pytest.raises(ValueError, match="dense WᵀW needs"):
         build("ggp", 4, init=(x, y), kernel="rbf(0, 1) + rbf(2, 3)", grid_size=100)

@@ -29,9 +29,9 @@ def _kernel_option(key):
 def test_the_declarations():
     takes = {key for key in METHODS if (o := _kernel_option(key)) is not None
              and o.kind == "kernel"}
-    # ggp takes sums over groups of inputs (refusing the rest, with the reason); the Laplace
-    # keys take any expression for a fixed or evidence-learned latent kernel
-    assert takes == COMPOSED | {"ggp", "iterncgp", "sod-laplace", "softki"}
+    # ski and ggp take sums over groups of inputs (refusing the rest, with the reason); the
+    # Laplace keys take any expression for a fixed or evidence-learned latent kernel
+    assert takes == COMPOSED | {"ski", "ggp", "iterncgp", "sod-laplace", "softki"}
 
 
 @pytest.mark.parametrize("key", sorted(COMPOSED))
@@ -56,7 +56,7 @@ def test_a_composed_kernel_trains_predicts_and_round_trips(key, tmp_path):
     torch.testing.assert_close(again.mean, pred.mean, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("key, why", [("ski", "one stationary kernel on one grid"),
+@pytest.mark.parametrize("key, why", [("ski", "'linear' is not a function of x − x'"),
                                       ("ggp", "'linear' is not a function of x − x'")])
 def test_the_others_refuse_an_expression_saying_why(key, why):
     with pytest.raises(OptionError) as err:

@@ -1,6 +1,6 @@
 """SKI and GGP: structured kernel interpolation, and the same model from sufficient statistics
-(``ski``, ``ggp``; inputs of at most 3 dimensions, or for ``ggp`` sums of kernels on groups
-of at most 3 inputs).
+(``ski``, ``ggp``; inputs of at most 3 dimensions, or sums of kernels on groups of at most 3
+inputs).
 
 Wilson & Nickisch (2015), KISS-GP / SKI; Yadav, Sheldon & Musco (2021), "Faster Kernel
 Interpolation for Gaussian Processes", arXiv:2101.11751 (notes/002_fki.md). SKI approximates
@@ -21,15 +21,18 @@ iteration independent of n.
                 (:meth:`GGP.shard_plan`)
 ``additive``    additive GGP: ``ggp`` with a sum of kernels on groups of at most 3 inputs, one
                 grid per group (:class:`AdditiveGGP`, its statistics and the refusals)
+``rows_solve``  SKI's n-dimensional CG and variance on the training rows, one grid or stacked
+``additive_ski`` additive SKI: ``ski`` with the same expressions (:class:`AdditiveSKI`)
 ==============  ================================================================================
 
 Importing the package registers ``ski`` and ``ggp``.
 """
 
 from gpscale.methods.ski.additive import AdditiveGGP
+from gpscale.methods.ski.additive_ski import AdditiveSKI
 from gpscale.methods.ski.model import GGP, SKI, SOLVERS, VARIANCES, build_ggp, build_ski
 from gpscale.methods.ski.solve import GridState
 from gpscale.methods.ski.statistics import SufficientStatistics, sufficient_statistics
 
-__all__ = ["AdditiveGGP", "GGP", "SKI", "GridState", "SufficientStatistics", "build_ggp",
-           "build_ski", "sufficient_statistics", "SOLVERS", "VARIANCES"]
+__all__ = ["AdditiveGGP", "AdditiveSKI", "GGP", "SKI", "GridState", "SufficientStatistics",
+           "build_ggp", "build_ski", "sufficient_statistics", "SOLVERS", "VARIANCES"]

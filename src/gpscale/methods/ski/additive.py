@@ -105,11 +105,11 @@ def additive_refusal(text: str) -> str | None:
             if leaf.name not in GRID_LEAVES:
                 why = ("has no inputs to put on a grid (the constant mean takes an offset)"
                        if leaf.name == "constant" else "is not a function of x − x'")
-                return (f"GGP interpolates sums of stationary kernels on at most {MAX_DIMS} "
-                        f"inputs each; {leaf.name!r} {why}")
+                return (f"SKI and GGP interpolate sums of stationary kernels on at most "
+                        f"{MAX_DIMS} inputs each; {leaf.name!r} {why}")
             if leaf.columns is None:
-                return (f"each term of an additive GGP needs its inputs (at most {MAX_DIMS}), "
-                        f"e.g. {leaf.name}(0, 1); {leaf.text!r} takes every input")
+                return (f"each term of an additive SKI or GGP needs its inputs (at most "
+                        f"{MAX_DIMS}), e.g. {leaf.name}(0, 1); {leaf.text!r} takes every input")
     return None
 
 
@@ -131,7 +131,7 @@ def additive_terms(text: str, num_dims: int
         where = " * ".join(leaf.text for leaf in term)
         if len(cols) > MAX_DIMS:
             raise ValueError(f"kernel {text!r}: the term {where!r} is on {len(cols)} inputs; a "
-                             f"GGP grid takes at most {MAX_DIMS} (split it into smaller groups, "
+                             f"grid takes at most {MAX_DIMS} (split it into smaller groups, "
                              "or use svgp or cagp-opt)")
         columns.append(cols)
     return spec, [_profile_of(term, cols) for term, cols in
@@ -194,8 +194,10 @@ def term_at_offsets(term, columns: list[int], num_dims: int) -> Callable[[Tensor
 
 
 def resolve_additive_grids(columns: list[list[int]], init, grid_size, grid_bounds,
-                           grid_margin: float, interpolation: str) -> dict[str, Any]:
-    """Flat per-input lists (groups in order) of grid sizes and corners (module docstring)."""
+                           grid_margin: float, interpolation: str, *,
+                           dense_gram: bool = True) -> dict[str, Any]:
+    """Flat per-input lists (groups in order) of grid sizes and corners (module docstring);
+    ``dense_gram``: the model holds WᵀW densely (``ggp``), so M is bounded."""
     dims = [len(c) for c in columns]
     total = sum(dims)
     if grid_size is None:
@@ -225,7 +227,7 @@ def resolve_additive_grids(columns: list[list[int]], init, grid_size, grid_bound
             "interpolation": interpolation}
     grids = additive_grids(opts, columns)
     size = sum(g.num_points for g in grids)
-    if size > DENSE_GRAM_MAX:
+    if dense_gram and size > DENSE_GRAM_MAX:
         raise ValueError(f"the additive grids hold M = {size:,} points; their dense WᵀW needs "
                          f"M ≤ {DENSE_GRAM_MAX:,}: give a smaller grid_size")
     return opts
@@ -294,6 +296,21 @@ def additive_statistics(data, grids: list[Grid], columns: list[list[int]], *,
     return AdditiveStatistics(tuple(grids), tuple(tuple(c) for c in columns), gram, wt_y,
                               wt_one, yty, y_sum, n, wt_probes,
                               torch.full((num_probes,), float(n), dtype=_F64, device=device))
+
+
+def grid_posterior(GK: BlockGridKernel, gram: Tensor, noise: float) -> Tensor:
+    """The posterior covariance on the grids (M, M), K_B − K_B Wᵀ K̃⁻¹ W K_B, in Woodbury form
+    σ² (C⁻¹L)ᵀ(C⁻¹L) with L = K_B^{1/2} (per block) and C Cᵀ = σ²I + L WᵀW L; O(M³)."""
+    roots = []
+    for block in GK.kernels:
+        lam, U = torch.linalg.eigh(block.to_dense())
+        roots.append((U * lam.clamp_min(0).sqrt()) @ U.T)
+    L = torch.block_diag(*roots)
+    A = L @ gram @ L
+    A = 0.5 * (A + A.T) + noise * torch.eye(A.shape[0], dtype=_F64, device=A.device)
+    C = safe_cholesky(A, name="σ²I + L WᵀW L")
+    R = torch.linalg.solve_triangular(C, L, upper=False)  # C⁻¹ L
+    return noise * (R.T @ R)
 
 
 class AdditiveGGP(HeldOutNoise, Method):
@@ -395,10 +412,10 @@ class AdditiveGGP(HeldOutNoise, Method):
         """Mean μ + w_*ᵀa and latent variance w_*ᵀK_Bw_* − (posterior reduction), by the
         ``variance`` option (LOVE or exact solves); groups beyond reach give their prior."""
         check_x(x_test, num_dims=self.num_dims, name="x_test")
-        stats, grids = state.data, list(state.data.grids)
+        grids = self._grids_of(state)
         with torch.no_grad():
             GK = self._block_kernel(grids)
-            term = self._variance_term(GK, stats)
+            term = self._variance_term(GK, state.data)
             reach = [(torch.tensor(lo, dtype=_F64, device=x_test.device),
                       torch.tensor(hi, dtype=_F64, device=x_test.device),
                       term_reach(t, cols).to(x_test.device)[None])
@@ -415,6 +432,10 @@ class AdditiveGGP(HeldOutNoise, Method):
             size = (chunk_size if self._variance(GK) == "lanczos" else
                     min(chunk_size, 256 if GK.num_grid > DENSE_VARIANCE_MAX else 1024))
             return predict_in_chunks(chunk, x_test, size)
+
+    def _grids_of(self, state: GridState) -> list[Grid]:
+        """The grids ``state`` was conditioned on (its statistics')."""
+        return list(state.data.grids)
 
     def _variance(self, GK: BlockGridKernel) -> str:
         """The ``variance`` option resolved: ``auto`` is ``exact`` (by a dense factor) where M
@@ -457,16 +478,7 @@ class AdditiveGGP(HeldOutNoise, Method):
         prior = lambda rows: GK.interp_quad(rows, pairs)  # noqa: E731
         variance = self._variance(GK)
         if variance == "exact" and GK.num_grid <= DENSE_VARIANCE_MAX:
-            roots = []
-            for block in GK.kernels:
-                lam, U = torch.linalg.eigh(block.to_dense())
-                roots.append((U * lam.clamp_min(0).sqrt()) @ U.T)
-            L = torch.block_diag(*roots)
-            A = L @ stats.gram @ L
-            A = 0.5 * (A + A.T) + s2 * torch.eye(A.shape[0], dtype=_F64, device=A.device)
-            C = safe_cholesky(A, name="σ²I + L WᵀW L")
-            R = torch.linalg.solve_triangular(C, L, upper=False)  # C⁻¹ L
-            posterior = s2 * (R.T @ R)  # the posterior covariance on the grids
+            posterior = grid_posterior(GK, stats.gram, s2)
             return lambda rows: rows.quad(posterior)
         if variance == "exact" and use_preconditioned(o, GK):
             system = whitened_system(GK, B, stats, s2)

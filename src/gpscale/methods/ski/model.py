@@ -80,10 +80,7 @@ from gpscale.distributions import Predictive
 from gpscale.kernels import is_expression, kernel_diag, kernel_hyperparameters
 from gpscale.linalg.factorized import span_cg, span_lanczos
 from gpscale.linalg.interpolation import Grid, Interpolation, interpolate, make_grid
-from gpscale.linalg.ops import rademacher
 from gpscale.linalg.reach import beyond_box
-from gpscale.linalg.solvers.cg import ConjugateGradient
-from gpscale.linalg.solvers.lanczos import lanczos, lanczos_quadrature
 from gpscale.linalg.stencil import GramStencil, pair_offsets
 from gpscale.linalg.toeplitz import GridKernel, grid_kernel
 from gpscale.methods._common import (
@@ -103,13 +100,14 @@ from gpscale.methods.ski.additive import (
     additive_terms,
     resolve_additive_grids,
 )
+from gpscale.methods.ski.additive_ski import AdditiveSKI
 from gpscale.methods.ski.pipeline import PIPELINE
+from gpscale.methods.ski.rows_solve import RowsSolved, variance_reduction
 from gpscale.methods.ski.sharded import sharded_plan
 from gpscale.methods.ski.solve import (
     GridState,
     condition_statistics,
     love_term,
-    mll_state,
     operators,
     sparse_columns,
     use_preconditioned,
@@ -303,7 +301,7 @@ class GGP(HeldOutNoise, Method):
         return _predict(self, state, x_test, term, size)
 
 
-class SKI(HeldOutNoise, Method):
+class SKI(RowsSolved, HeldOutNoise, Method):
     """Standard SKI / KISS-GP regression: CG on the n × n W K_G Wᵀ + σ²I (the paper's baseline).
 
     Same model, options and loss as :class:`GGP`; every iteration touches n-vectors.
@@ -319,56 +317,11 @@ class SKI(HeldOutNoise, Method):
 
     grid = GGP.grid
 
-    def _rows(self, x: Tensor):
-        """W's rows for x, the seeded probes Z and WᵀZ (what every step on x reuses)."""
-        rows = interpolate(self.grid, x)
-        gen = torch.Generator().manual_seed(self.options["seed"])
-        Z = rademacher(x.shape[0], self.options["num_probes"], dtype=_F64, generator=gen)
-        Z = Z.to(x.device)
-        return rows, Z, rows.rmatmul(Z)
+    def _interpolate(self, x: Tensor) -> Interpolation:
+        return interpolate(self.grid, x)
 
-    def training_loss(self, x: Tensor, y: Tensor):
-        """The loss ``training.fit`` minimises: W's rows and the probes of (x, y) are built
-        here once and held by the returned function (nothing is kept on the module)."""
-        check_x(x, num_dims=self.num_dims)
-        check_xy(x, y)
-        prepared = self._rows(x)
-
-        def loss(model: SKI, xb: Tensor, yb: Tensor) -> Tensor:
-            if xb is not x:
-                return model.loss(model.condition(xb, yb))
-            return model.loss(model._condition(x, y, prepared))
-        return loss
-
-    def _operator(self, GK: GridKernel, rows: Interpolation):
-        s2 = float(self.noise.detach())
-        return lambda V: rows.matmul(GK.matmul(rows.rmatmul(V))) + s2 * V
-
-    def condition(self, x: Tensor, y: Tensor) -> GridState:
-        """n-dimensional CG on [r, z_1..z_p] (mBCG), then the same likelihood terms as GGP."""
-        check_x(x, num_dims=self.num_dims)
-        check_xy(x, y)
-        return self._condition(x, y, self._rows(x))
-
-    def _condition(self, x: Tensor, y: Tensor, prepared) -> GridState:
-        rows, Z, h_probes = prepared
-        GK = _kernel_on_grid(self.kernel, self.grid)
-        noise, mu = self.noise, self.mean.constant.reshape(())
-        r = y.detach().to(_F64) - mu.detach().to(_F64)
-        with torch.no_grad():
-            GK0 = _kernel_on_grid(self.kernel, self.grid)
-            rhs = torch.cat([r[:, None], Z], 1)
-            cg = ConjugateGradient(rtol=self.options["rtol"], max_iters=self.options["max_iters"],
-                                   record_lanczos=True)
-            res = cg.run(cg.init(self._operator(GK0, rows)), rhs)
-            X = res.solution
-            wt_x = rows.rmatmul(X)
-            b_dot_x = (rhs * X).sum(0)
-            samples = res.lanczos_weights[1:] * lanczos_quadrature(res.tridiagonal[1:])
-        return mll_state(GK, noise, mu, x.shape[0], quad=b_dot_x[0], wt_z=wt_x[:, 0],
-                         z_sq=X[:, 0] @ X[:, 0], one_z=X[:, 0].sum(), h_probes=h_probes,
-                         wt_x=wt_x[:, 1:], probe_dot=b_dot_x[1:], logdet_samples=samples,
-                         iterations=res.iterations, data=rows)
+    def _solve_kernel(self) -> GridKernel:
+        return _kernel_on_grid(self.kernel, self.grid)
 
     def loss(self, state: GridState) -> Tensor:
         """−log p(y)/n, as :meth:`GGP.loss`."""
@@ -376,23 +329,10 @@ class SKI(HeldOutNoise, Method):
 
     def predict(self, state: GridState, x_test: Tensor, chunk_size: int = 4096) -> Predictive:
         """Mean and latent variance by n-dimensional CG (exact) or Lanczos (LOVE)."""
-        rows = state.data
-
         def term(GK: GridKernel):
-            A = self._operator(GK, rows)
-            if self.options["variance"] == "exact":
-                cg = ConjugateGradient(rtol=self.options["rtol"],
-                                       max_iters=self.options["max_iters"])
-
-                def exact(test_rows):
-                    Kw = GK.matmul(sparse_columns(test_rows))
-                    return (Kw * rows.rmatmul(cg.solve(cg.init(A), rows.matmul(Kw)))).sum(0)
-                return exact
-            m = GK.num_grid
-            b0 = rows.matmul(GK.matmul(torch.full((m,), 1.0 / m, dtype=_F64,
-                                                  device=GK.local.device)))
-            Q, T = lanczos(A, b0, self.options["variance_rank"])
-            return love_term(GK, rows.rmatmul(Q), T)
+            return variance_reduction(self.options, GK, state.data, float(self.noise.detach()),
+                                      exact=self.options["variance"] == "exact",
+                                      device=self.noise.device)
 
         size = chunk_size if self.options["variance"] != "exact" else min(chunk_size, 256)
         return _predict(self, state, x_test, term, size)
@@ -415,12 +355,11 @@ def _build(cls, key: str, num_dims: int, *, task: str, init, grid_size=None, gri
         raise ValueError("need num_probes >= 0, rtol > 0, max_iters >= 1, variance_rank >= 1")
     if key == "ski" and solver in ("dense", "preconditioned"):
         raise ValueError(f"solver={solver!r} is a ggp option (ski runs CG on the n × n system)")
-    additive = key == "ggp" and is_expression(kernel)
-    if additive:  # one grid per group of inputs (methods.ski.additive)
+    if is_expression(kernel):  # one grid per group of inputs (methods.ski.additive)
         _, _, columns = additive_terms(kernel, num_dims)
         grids = resolve_additive_grids(columns, init, grid_size, grid_bounds, grid_margin,
-                                       interpolation)
-        cls = AdditiveGGP
+                                       interpolation, dense_gram=key == "ggp")
+        cls = AdditiveGGP if key == "ggp" else AdditiveSKI
     else:
         grids = grid_options(num_dims, init, grid_size, grid_bounds, grid_margin, interpolation)
     opts = {**grids,
@@ -452,10 +391,7 @@ def build_ski(num_dims: int, *, task: str = "regression", num_classes: int | Non
 
 
 def _grid_options(key: str) -> tuple[Option, ...]:
-    kernel = (prior_options_with(kernel="rbf", refuse=additive_refusal) if key == "ggp" else
-              prior_options_with(kernel="rbf", composed=False, names_only_why=(
-                  "SKI interpolates one stationary kernel on one grid of all inputs (ggp "
-                  "takes sums of kernels on groups of inputs, one grid each)")))
+    kernel = prior_options_with(kernel="rbf", refuse=additive_refusal)
     return (
         Option("grid_size", "ints", None, "grid points per dimension (one or a list); none: "
                "1024 / 100² / 32³ for d = 1 / 2 / 3 (an additive kernel's groups: 256 / 40² / "
@@ -494,6 +430,7 @@ register(MethodSpec(
 
 register(MethodSpec(
     key="ski", factory=build_ski, tasks=("regression",), **PIPELINE["ski"],
-    summary="SKI / KISS-GP: CG on W K_G Wᵀ + σ²I, O(n + m log m) per iteration (d ≤ 3)",
+    summary="SKI / KISS-GP: CG on W K_G Wᵀ + σ²I, O(n + m log m) per iteration (d ≤ 3, or "
+            "a sum of kernels on groups of ≤ 3 inputs)",
     options=_grid_options("ski"),
 ))
