@@ -16,6 +16,10 @@ The ``default`` preset stops earlier, where the loss's gains fall below its nois
     python examples/mauna_loa.py                      # about four minutes
     python examples/mauna_loa.py --preset default     # about a minute
     python examples/mauna_loa.py --method svgp        # the same kernel through another method
+    python examples/mauna_loa.py --method ggp         # on a grid (its four terms share one)
+
+On a grid (``ski``, ``ggp``) the grid must reach the forecast: it is widened past the last
+training week by the forecast's share of the training span (``grid_margin``).
 """
 
 from __future__ import annotations
@@ -79,7 +83,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path(os.environ.get("GPSCALE_DATA", "data"))
                         / "co2" / "co2.csv", help="co2.csv (default $GPSCALE_DATA/co2/co2.csv)")
     parser.add_argument("--method", default="exact", help="a method that takes composed "
-                        "kernels (exact, cggp, sgpr, svgp, solvegp, cagp-opt, cagp-cg)")
+                        "kernels (exact, cggp, sgpr, svgp, solvegp, cagp-opt, cagp-cg, ski, "
+                        "ggp)")
     parser.add_argument("--preset", choices=["default", "optimum"], default=None,
                         help="training preset of the composed fit: optimum (the exact GP's "
                         "default here) trains on to the likelihood's optimum, as scikit-learn "
@@ -98,10 +103,14 @@ def main() -> None:
     noise = NOISE / y_train.var()  # the estimators standardise y; the option is in its units
 
     preset = args.preset or ("optimum" if args.method == "exact" else "default")
+    grid = {}
+    if args.method in ("ski", "ggp"):  # the grid reaches past the forecast's last week
+        span = float(x_train.max() - x_train.min())
+        grid = {"grid_margin": float(x_test.max() - x_train.max()) / span + 0.05}
     results = {}
     for name, kernel in (("rbf", "rbf"), ("composed", KERNEL)):
-        options = ({"kernel": kernel, "noise": noise, "preset": preset} if name == "composed"
-                   else {})
+        options = ({"kernel": kernel, "noise": noise, "preset": preset, **grid}
+                   if name == "composed" else grid)
         reg = GPRegressor(method=args.method, random_state=args.seed, **options)
         reg.fit(x_train, y_train)
         mean, std = reg.predict(x_test, return_std=True)

@@ -100,3 +100,15 @@ def test_mauna_loa(tmp_path, data_root):
     # from the same start: -698.16 (GaussianProcessRegressor, the kernel's bounds as in its
     # example, periodicity fixed)
     assert -698.17 < lml < 0
+
+
+@pytest.mark.slow
+def test_mauna_loa_on_a_grid(tmp_path, data_root):
+    """The textbook kernel's four terms on time share one SKI grid, widened past the forecast."""
+    out = _run("mauna_loa", tmp_path, "--data", str(data_root / "co2" / "co2.csv"),
+               "--method", "ski", timeout=300)
+    found = re.search(r"with composed kernel: test RMSE (\S+) ppm, (\S+)% of the test weeks", out)
+    assert found, out
+    rbf = float(re.search(r"with rbf kernel: test RMSE (\S+) ppm", out).group(1))
+    assert float(found.group(1)) < 0.5 * rbf
+    assert float(found.group(2)) > 80  # intervals that hold most of the forecast

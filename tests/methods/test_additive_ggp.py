@@ -31,6 +31,8 @@ PRODUCTS = "rbf(0) * rbf(1) + matern32(2) * matern32(3)"
 """Products of one profile on disjoint inputs: a Kronecker product on each group's grid."""
 MIXED = "rbf(0) * periodic(1, period=4) + rq(2) + matern32(3)"
 """Stationary kernels with no profile of their own on the grid: built from their values."""
+SHARED = "rbf(0) + rbf(0) * periodic(0, period=3) + rq(0) + matern32(1, 2) + rbf(3)"
+"""Three terms on input 0, which share one grid (their sum's values), beside two groups."""
 
 
 def _model(x, y, kernel=KERNEL, **options) -> AdditiveGGP:
@@ -62,7 +64,7 @@ def test_the_statistics_are_the_stacked_rows_gram_and_do_not_depend_on_chunks():
     torch.testing.assert_close(gram, one.gram, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kernel", [KERNEL, PRODUCTS, MIXED])
+@pytest.mark.parametrize("kernel", [KERNEL, PRODUCTS, MIXED, SHARED])
 def test_the_likelihood_is_ski_on_the_same_grids_and_near_the_exact_additive_gp(kernel):
     x, y = _problem()
     model = _model(x, y, kernel=kernel, solver="dense")
@@ -112,6 +114,7 @@ def test_the_solvers_agree_with_the_dense_reference():
     ("auto", KERNEL, None), ("exact", KERNEL, None), ("lanczos", KERNEL, None),
     ("auto", PRODUCTS, 64),  # Matérn-3/2 factors: a finer grid for the same interpolation error
     ("auto", MIXED, 40),  # grid kernels from the kernel's values: the factorized CG
+    ("auto", SHARED, None),
 ])
 def test_the_predictive_matches_the_exact_additive_gp(variance, kernel, grid):
     x, y = _problem()
@@ -142,14 +145,15 @@ def test_what_ggp_cannot_interpolate_is_refused_in_one_line():
         assert spec.resolve({"kernel": text})["kernel"] == text  # stationary: taken
     for text, why in [("rbf(0) + linear(1)", "'linear' is not a function of x − x'"),
                       ("rbf(0) * poly(1)", "'poly' is not a function of x − x'"),
-                      ("rbf(0) + constant", "'constant' has no inputs to put on a grid"),
-                      ("rbf(0) + matern52", "takes every input")]:
+                      ("rbf(0) + constant", "'constant' has no inputs to put on a grid")]:
         with pytest.raises(OptionError) as err:
             spec.resolve({"kernel": text})
         assert why in str(err.value) and "\n" not in str(err.value)
     x, y = _problem(n=50)
     with pytest.raises(ValueError, match="on 4 inputs; a grid takes at most 3"):
         build("ggp", 4, init=(x, y), kernel="rbf(0:4)")
+    with pytest.raises(ValueError, match="on 4 inputs, every input .*; a grid takes at most 3"):
+        build("ggp", 4, init=(x, y), kernel="rbf(0) + matern52")
     with pytest.raises(ValueError, match="dense WᵀW needs"):
         build("ggp", 4, init=(x, y), kernel="rbf(0, 1) + rbf(2, 3)", grid_size=100)
     with pytest.raises(ValueError, match="one per input of each group"):
@@ -200,6 +204,38 @@ def test_a_product_of_one_kind_is_the_kronecker_kernel_on_its_grid():
 
 
 
+def test_terms_on_the_same_inputs_share_one_grid_of_their_sum():
+    x, y = _problem(n=60)
+    model = _model(x, y, kernel=SHARED, grid_size=6)
+    assert [g.terms for g in model.groups] == [(0, 1, 2), (3,), (4,)]
+    assert [g.columns for g in model.groups] == [(0,), (1, 2), (3,)]
+    assert model.groups[0].profile is None and len(model.grids) == 3
+    nodes = model.grids[0].points()
+    full = torch.zeros(len(nodes), 4, dtype=_F64)
+    full[:, [0]] = nodes
+    with torch.no_grad():
+        K_G = model._block_kernel(model.grids).kernels[0].to_dense()
+        ref = sum(model._terms()[t](full, full).to_dense() for t in (0, 1, 2))
+    torch.testing.assert_close(K_G, ref, rtol=1e-10, atol=1e-12)
+    # one value per input of each group: the shared grid counts once
+    with pytest.raises(ValueError, match="4 for groups of \\[1, 2, 1\\] inputs"):
+        _model(x, y, kernel=SHARED, grid_size=[8, 8])
+
+
+def test_on_one_input_a_sum_without_inputs_is_one_grid_of_a_single_grids_size():
+    g = torch.Generator().manual_seed(3)
+    x = 6 * torch.rand(300, 1, dtype=_F64, generator=g)
+    y = torch.sin(2 * x[:, 0]) + 0.1 * x[:, 0] + 0.05 * torch.randn(300, dtype=_F64, generator=g)
+    model = _model(x, y, kernel="rbf + rbf * periodic(period=3)", solver="dense")
+    assert len(model.groups) == 1 and model.grids[0].num_points == 1024
+    with torch.no_grad():
+        loss = model.loss(model.condition(x, y))
+        K = model.kernel(x, x).to_dense() + model.noise * torch.eye(300, dtype=_F64)
+        exact = -torch.distributions.MultivariateNormal(
+            torch.zeros(300, dtype=_F64), K).log_prob(y - model.mean.constant) / 300
+    assert abs(float(loss) - float(exact)) < 1e-3
+
+
 @pytest.mark.parametrize("text, group, dims", [
     ("rbf(0) + periodic(1, period=2)", 1, [1]),  # one input: a Toeplitz factor
     ("rq(0, 1, alpha=0.5) + rbf(2)", 0, [0, 1]),  # joint distance, heavy tails
@@ -213,7 +249,7 @@ def test_a_kernel_built_from_its_values_is_the_gpytorch_kernel_on_its_grid(text,
     nodes, in float64, and its gradients reach the kernel's hyperparameters."""
     x, y = _problem(n=60)
     model = _model(x, y, kernel=text, grid_size=6)
-    assert model.profiles[group] is None
+    assert model.groups[group].profile is None
     grid = model.grids[group]
     nodes = grid.points()
     full = torch.zeros(len(nodes), 4, dtype=_F64)

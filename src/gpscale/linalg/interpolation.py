@@ -192,8 +192,9 @@ def _rows_1d(grid: Grid, x: Tensor, j: int) -> tuple[Tensor, Tensor]:
         raise ValueError(
             f"{int(bad.sum())} point(s) lie outside the interpolation grid in dimension {j} "
             f"(valid [{lo[j]:.6g}, {hi[j]:.6g}); e.g. row {i} has x = {float(x[i]):.6g}). "
-            "Build the grid with bounds covering all training and test inputs "
-            "(option grid_bounds=...).")
+            "Widen the grid to cover every training and test input: option grid_margin=... "
+            "(the share of the training inputs' range added each side) or grid_bounds=... "
+            "(in the inputs' standardised units where the estimator standardises them).")
     if grid.interpolation == "cubic":
         offsets = torch.arange(-1, 3, device=x.device)
         weight = keys_cubic(t[:, None] - offsets.to(t.dtype))

@@ -102,11 +102,10 @@ def test_it_trains_and_round_trips_with_its_data(tmp_path):
 
 def test_what_no_grid_can_take_is_refused_in_one_line():
     spec = get_spec("ski")
-    for text, why in (("rbf(0) + linear(1)", "'linear' is not a function of x − x'"),
-                      ("rbf(0) + rbf", "needs its inputs")):
-        with pytest.raises(OptionError) as err:
-            spec.resolve({"kernel": text})
-        assert why in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(OptionError) as err:
+        spec.resolve({"kernel": "rbf(0) + linear(1)"})
+    assert "'linear' is not a function of x − x'" in str(err.value)
+    assert "\n" not in str(err.value)
     x, y = _problem()
     with pytest.raises(ValueError, match="on 4 inputs; a grid takes at most 3"):
         build("ski", 4, init=(x, y), kernel="rbf(0, 1, 2, 3)")

@@ -21,6 +21,8 @@ iteration independent of n.
                 (:meth:`GGP.shard_plan`)
 ``additive``    additive GGP: ``ggp`` with a sum of kernels on groups of at most 3 inputs, one
                 grid per group (:class:`AdditiveGGP`, its statistics and the refusals)
+``groups``      the terms of an additive kernel by input group: refusals, grid kernels, reach,
+                grid sizes (terms on the same inputs share one grid)
 ``rows_solve``  SKI's n-dimensional CG and variance on the training rows, one grid or stacked
 ``additive_ski`` additive SKI: ``ski`` with the same expressions (:class:`AdditiveSKI`)
 ==============  ================================================================================

@@ -12,42 +12,20 @@ the whitened solve's preconditioner is block diagonal (each group's Kronecker on
 ``solver='auto'`` takes it where every group's kernel is a Kronecker product (RBF, or any kernel
 on one input) and the factorized CG otherwise.
 
-What a group admits: any stationary kernel k(x − x') on at most three inputs, with its own
-lengthscales and outputscale: RBF, Matérn ½, 3/2, 5/2, rational quadratic, periodic, and
-products of these (on the union of their inputs: ``rbf(0) * periodic(0)`` is a locally
-periodic kernel on one grid). One profile, or a product of one profile over single
-inputs (RBF on any), is a Kronecker product built from the profile
-(:func:`~gpscale.linalg.toeplitz.grid_kernel`); any other group's K_G is built from the
-kernel's own values at the grid's offsets (:func:`~gpscale.linalg.toeplitz.evaluated_grid_kernel`:
-Toeplitz on one input, multilevel Toeplitz on more, whose products the factorized CG solves).
-Linear and polynomial kernels are not functions of x − x' and have no Toeplitz form.
-
-Grid sizes per group: :data:`ADDITIVE_GRID_SIZE` points per input by the group's size (smaller
-than one grid's defaults: M = Σ_g m_g sets the dense WᵀW's M² memory and product cost); one
-``grid_size`` value applies to every input of every group, or one value per input of each group
-in order.
-
-A test point beyond the kernel's reach of a group's grid gets that group's prior (mean 0,
-variance its outputscale) and no weight on it; within reach but outside a grid it is an error,
-as for one grid. A periodic or rational quadratic factor never lets a point out of reach (the
-one repeats, the other decays only polynomially): its group's grid must cover the test points
-(``grid_bounds``).
+What a group's terms may be, how terms on the same inputs share a grid, the grids' sizes and
+the reach of a group beyond its grid: :mod:`gpscale.methods.ski.groups`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import gpytorch
 import torch
 from torch import Tensor
 
 from gpscale.distributions import Predictive
-from gpscale.kernels import KERNELS
-from gpscale.kernels.algebra import KernelSpec, KernelSyntaxError, parse_kernel
 from gpscale.linalg.additive import (
     AdditiveRows,
     BlockGridKernel,
@@ -56,13 +34,19 @@ from gpscale.linalg.additive import (
     mirror_blocks,
 )
 from gpscale.linalg.factorized import span_cg, span_lanczos
-from gpscale.linalg.interpolation import Grid, Interpolation, interpolate, make_grid
+from gpscale.linalg.interpolation import Grid, Interpolation, interpolate
 from gpscale.linalg.ops import rademacher, safe_cholesky
 from gpscale.linalg.reach import beyond_box
 from gpscale.linalg.stencil import pair_offsets
-from gpscale.linalg.toeplitz import evaluated_grid_kernel, grid_kernel
 from gpscale.methods._common import HeldOutNoise
 from gpscale.methods.base import Method, predict_in_chunks
+from gpscale.methods.ski.groups import (
+    Group,
+    additive_grids,
+    additive_groups,
+    group_grid_kernel,
+    group_reach,
+)
 from gpscale.methods.ski.solve import (
     GridState,
     condition_statistics,
@@ -71,178 +55,15 @@ from gpscale.methods.ski.solve import (
     use_preconditioned,
     whitened_system,
 )
-from gpscale.methods.ski.statistics import MAX_DIMS, StatisticsMemo, float64_chunks
+from gpscale.methods.ski.statistics import StatisticsMemo, float64_chunks
 from gpscale.validation import check_x, check_xy
 
-__all__ = ["ADDITIVE_GRID_SIZE", "AdditiveGGP", "AdditiveStatistics", "additive_refusal",
-           "additive_statistics", "additive_terms", "resolve_additive_grids"]
+__all__ = ["AdditiveGGP", "AdditiveStatistics", "DENSE_VARIANCE_MAX", "additive_statistics",
+           "grid_posterior"]
 
-ADDITIVE_GRID_SIZE = {1: 128, 2: 32, 3: 12}
-"""Default grid points per input of a group of 1, 2 or 3 inputs (module docstring)."""
 DENSE_VARIANCE_MAX = 8192
 """Largest M whose posterior covariance on the grids ``variance='auto'`` factors densely."""
-DENSE_GRAM_MAX = 16_384
-"""Largest M = Σ_g m_g whose dense WᵀW (M² float64: 2 GiB) the additive model holds."""
 _F64 = torch.float64
-_PROFILES = {"rbf": "rbf", "matern12": "matern12", "matern32": "matern32",
-             "matern52": "matern52"}
-GRID_LEAVES = (*_PROFILES, "rq", "periodic")
-"""Leaves of a group's kernel: stationary, k(x − x') (module docstring)."""
-_UNBOUNDED = ("rq", "periodic")
-"""Leaves that never let a point out of reach (module docstring)."""
-
-
-def additive_refusal(text: str) -> str | None:
-    """Why ``ggp`` cannot take the kernel ``text`` (``None``: it can, or it is a name)."""
-    if text in KERNELS:
-        return None
-    try:
-        spec = parse_kernel(text)
-    except KernelSyntaxError:
-        return None  # the option's parser names the position
-    for term in spec.terms:
-        for leaf in term:
-            if leaf.name not in GRID_LEAVES:
-                why = ("has no inputs to put on a grid (the constant mean takes an offset)"
-                       if leaf.name == "constant" else "is not a function of x − x'")
-                return (f"SKI and GGP interpolate sums of stationary kernels on at most "
-                        f"{MAX_DIMS} inputs each; {leaf.name!r} {why}")
-            if leaf.columns is None:
-                return (f"each term of an additive SKI or GGP needs its inputs (at most "
-                        f"{MAX_DIMS}), e.g. {leaf.name}(0, 1); {leaf.text!r} takes every input")
-    return None
-
-
-def additive_terms(text: str, num_dims: int
-                   ) -> tuple[KernelSpec, list[str | None], list[list[int]]]:
-    """The parsed expression, each term's profile (``None`` where its K_G is built from the
-    kernel's values: module docstring) and input indices.
-
-    Raises:
-        ValueError: what :func:`additive_refusal` names, or a group of more than 3 inputs.
-    """
-    why = additive_refusal(text)
-    if why is not None:
-        raise ValueError(f"kernel {text!r}: {why}")
-    spec = parse_kernel(text)
-    columns = []
-    for term, leaf_cols in zip(spec.terms, spec.resolve(num_dims), strict=True):
-        cols = list(dict.fromkeys(j for c in leaf_cols for j in c))  # factors may share
-        where = " * ".join(leaf.text for leaf in term)
-        if len(cols) > MAX_DIMS:
-            raise ValueError(f"kernel {text!r}: the term {where!r} is on {len(cols)} inputs; a "
-                             f"grid takes at most {MAX_DIMS} (split it into smaller groups, "
-                             "or use svgp or cagp-opt)")
-        columns.append(cols)
-    return spec, [_profile_of(term, cols) for term, cols in
-                  zip(spec.terms, spec.resolve(num_dims), strict=True)], columns
-
-
-def _profile_of(term, leaf_cols) -> str | None:
-    """The profile whose Kronecker (or joint-distance) K_G :func:`grid_kernel` builds for a
-    term: one RBF or Matérn leaf, or a product of one of them over single inputs (RBF over
-    any); ``None`` otherwise."""
-    names = {leaf.name for leaf in term}
-    flat = [j for c in leaf_cols for j in c]
-    if len(names) > 1 or not names <= set(_PROFILES) or len(set(flat)) < len(flat):
-        return None
-    name = names.pop()
-    if len(term) == 1 or name == "rbf" or all(len(c) == 1 for c in leaf_cols):
-        return _PROFILES[name]
-    return None
-
-
-def _leaves(term) -> list[Any]:
-    base = term.base_kernel
-    return list(base.kernels) if hasattr(base, "kernels") else [base]
-
-
-def term_lengthscale(term) -> Tensor:
-    """The lengthscales (d_g,) of a term (a ScaleKernel) over its inputs in order: one
-    leaf's, or a product's leaves' concatenated (each broadcast over its own inputs)."""
-    return torch.cat([leaf.lengthscale.reshape(-1).expand(len(leaf.active_dims))
-                      for leaf in _leaves(term)])
-
-
-def term_reach(term, columns: list[int]) -> Tensor:
-    """The lengthscales (d_g,) over a term's ``columns`` that decide its reach: a product is
-    negligible where any of its factors is, so each input takes the shortest lengthscale of
-    the factors on it that decay; infinite where only a factor that never lets a point out of
-    reach (:data:`_UNBOUNDED`) reads it."""
-    unbounded = (gpytorch.kernels.PeriodicKernel, gpytorch.kernels.RQKernel)
-    reach = torch.full((len(columns),), math.inf, dtype=_F64)
-    with torch.no_grad():
-        for leaf in _leaves(term):
-            if isinstance(leaf, unbounded):
-                continue
-            ell = leaf.lengthscale.detach().reshape(-1).expand(len(leaf.active_dims))
-            for k, col in enumerate(leaf.active_dims.tolist()):
-                at = columns.index(col)
-                reach[at] = min(float(reach[at]), float(ell[k]))
-    return reach
-
-
-def term_at_offsets(term, columns: list[int], num_dims: int) -> Callable[[Tensor], Tensor]:
-    """τ (P, d_g) ↦ the term's k(τ, 0) (P,) in float64: the offsets placed on the term's
-    ``columns`` of ``num_dims`` inputs, evaluated by the GPyTorch kernel itself."""
-    def values(tau: Tensor) -> Tensor:
-        dtype = term.outputscale.dtype
-        x = tau.new_zeros(tau.shape[0], num_dims, dtype=dtype)
-        x[:, columns] = tau.to(dtype)
-        return term(x, x[:1] * 0).to_dense()[:, 0].to(_F64)
-    return values
-
-
-def resolve_additive_grids(columns: list[list[int]], init, grid_size, grid_bounds,
-                           grid_margin: float, interpolation: str, *,
-                           dense_gram: bool = True) -> dict[str, Any]:
-    """Flat per-input lists (groups in order) of grid sizes and corners (module docstring);
-    ``dense_gram``: the model holds WᵀW densely (``ggp``), so M is bounded."""
-    dims = [len(c) for c in columns]
-    total = sum(dims)
-    if grid_size is None:
-        sizes = [ADDITIVE_GRID_SIZE[d] for d in dims for _ in range(d)]
-    elif isinstance(grid_size, int | float):
-        sizes = [int(grid_size)] * total
-    else:
-        sizes = [int(s) for s in grid_size]
-        if len(sizes) == 1:
-            sizes = sizes * total
-    if len(sizes) != total:
-        raise ValueError(f"grid_size needs 1 value or one per input of each group ({total} for "
-                         f"groups of {dims} inputs); got {len(sizes)}")
-    if grid_bounds is not None:
-        lower, upper = ([float(v) for v in b] for b in grid_bounds)
-    elif init is not None:
-        x = init[0].detach().to(_F64)[:, [j for cols in columns for j in cols]]
-        lo, hi = x.min(0).values, x.max(0).values
-        span = torch.clamp_min(hi - lo, 1e-6)
-        lower, upper = (lo - grid_margin * span).tolist(), (hi + grid_margin * span).tolist()
-    else:
-        raise ValueError("an additive ggp needs grid_bounds=(lower, upper) when init is None")
-    if len(lower) != total or len(upper) != total:
-        raise ValueError(f"grid_bounds needs (lower, upper) with {total} entries each (one "
-                         "per input of each group)")
-    opts = {"grid_size": sizes, "grid_lower": lower, "grid_upper": upper,
-            "interpolation": interpolation}
-    grids = additive_grids(opts, columns)
-    size = sum(g.num_points for g in grids)
-    if dense_gram and size > DENSE_GRAM_MAX:
-        raise ValueError(f"the additive grids hold M = {size:,} points; their dense WᵀW needs "
-                         f"M ≤ {DENSE_GRAM_MAX:,}: give a smaller grid_size")
-    return opts
-
-
-def additive_grids(options: dict[str, Any], columns: list[list[int]]) -> list[Grid]:
-    """The groups' grids from the flat options of :func:`resolve_additive_grids`."""
-    grids, start = [], 0
-    for cols in columns:
-        stop = start + len(cols)
-        grids.append(make_grid(options["grid_lower"][start:stop],
-                               options["grid_upper"][start:stop],
-                               options["grid_size"][start:stop], options["interpolation"]))
-        start = stop
-    return grids
 
 
 @dataclass(frozen=True)
@@ -331,7 +152,8 @@ class AdditiveGGP(HeldOutNoise, Method):
         super().__init__(task="regression", options=options)
         self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
         self.num_dims = num_dims
-        _, self.profiles, self.columns = additive_terms(options["kernel"], num_dims)
+        _, self.groups = additive_groups(options["kernel"], num_dims)
+        self.columns = [list(group.columns) for group in self.groups]
         self._memo = StatisticsMemo()
 
     @property
@@ -342,19 +164,14 @@ class AdditiveGGP(HeldOutNoise, Method):
         """The ScaleKernel of each group, in the expression's order."""
         return list(self.kernel.kernels) if hasattr(self.kernel, "kernels") else [self.kernel]
 
+    def _group_terms(self, group: Group) -> list[Any]:
+        terms = self._terms()
+        return [terms[t] for t in group.terms]
+
     def _block_kernel(self, grids: list[Grid]) -> BlockGridKernel:
-        blocks = []
-        for term, grid, profile, cols in zip(self._terms(), grids, self.profiles, self.columns,
-                                             strict=True):
-            if profile is None:  # from the kernel's own values (module docstring)
-                blocks.append(evaluated_grid_kernel(
-                    grid, term_at_offsets(term, cols, self.num_dims),
-                    device=term.outputscale.device))
-                continue
-            product = hasattr(term.base_kernel, "kernels")  # one profile's Kronecker product
-            blocks.append(grid_kernel(grid, profile, term_lengthscale(term),
-                                      term.outputscale.reshape(()), per_input=product))
-        return BlockGridKernel(tuple(blocks))
+        return BlockGridKernel(tuple(
+            group_grid_kernel(self._group_terms(group), group, grid, self.num_dims)
+            for group, grid in zip(self.groups, grids, strict=True)))
 
     def statistics(self, data, chunk_size: int = 100_000) -> AdditiveStatistics:
         """One streaming pass over ``data``; the same tensors again reuse the last pass."""
@@ -416,12 +233,13 @@ class AdditiveGGP(HeldOutNoise, Method):
         with torch.no_grad():
             GK = self._block_kernel(grids)
             term = self._variance_term(GK, state.data)
+            groups = [self._group_terms(group) for group in self.groups]
             reach = [(torch.tensor(lo, dtype=_F64, device=x_test.device),
                       torch.tensor(hi, dtype=_F64, device=x_test.device),
-                      term_reach(t, cols).to(x_test.device)[None])
-                     for (lo, hi), t, cols in zip((g.bounds() for g in grids), self._terms(),
-                                                  self.columns, strict=True)]
-            scales = [t.outputscale.to(_F64).reshape(()) for t in self._terms()]
+                      group_reach(terms, cols).to(x_test.device)[None])
+                     for (lo, hi), terms, cols in zip((g.bounds() for g in grids), groups,
+                                                      self.columns, strict=True)]
+            scales = [sum(t.outputscale.to(_F64).reshape(()) for t in terms) for terms in groups]
 
             def chunk(xc: Tensor) -> Predictive:
                 rows, far_var = self._test_rows(xc.to(_F64), grids, reach, scales)

@@ -94,13 +94,9 @@ from gpscale.methods._common import (
 from gpscale.methods.base import Method, ShardPlan, predict_in_chunks
 from gpscale.methods.options import Option, prior_options_with
 from gpscale.methods.registry import MethodSpec, register
-from gpscale.methods.ski.additive import (
-    AdditiveGGP,
-    additive_refusal,
-    additive_terms,
-    resolve_additive_grids,
-)
+from gpscale.methods.ski.additive import AdditiveGGP
 from gpscale.methods.ski.additive_ski import AdditiveSKI
+from gpscale.methods.ski.groups import additive_groups, additive_refusal, resolve_additive_grids
 from gpscale.methods.ski.pipeline import PIPELINE
 from gpscale.methods.ski.rows_solve import RowsSolved, variance_reduction
 from gpscale.methods.ski.sharded import sharded_plan
@@ -356,7 +352,8 @@ def _build(cls, key: str, num_dims: int, *, task: str, init, grid_size=None, gri
     if key == "ski" and solver in ("dense", "preconditioned"):
         raise ValueError(f"solver={solver!r} is a ggp option (ski runs CG on the n × n system)")
     if is_expression(kernel):  # one grid per group of inputs (methods.ski.additive)
-        _, _, columns = additive_terms(kernel, num_dims)
+        _, groups = additive_groups(kernel, num_dims)
+        columns = [list(group.columns) for group in groups]
         grids = resolve_additive_grids(columns, init, grid_size, grid_bounds, grid_margin,
                                        interpolation, dense_gram=key == "ggp")
         cls = AdditiveGGP if key == "ggp" else AdditiveSKI
