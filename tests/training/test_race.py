@@ -14,8 +14,11 @@ import torch
 
 from gpscale import GPRegressor
 from gpscale.cli.__main__ import main
+from gpscale.distributions import Predictive
+from gpscale.methods import build
 from gpscale.methods.auto import race_candidates, split_mode
 from gpscale.methods.options import OptionError
+from gpscale.testing import SMALL_OPTIONS
 from gpscale.training import harness
 from gpscale.training import race as racing
 from gpscale.training.config import resolve_fit_config
@@ -462,3 +465,43 @@ def test_a_failed_run_from_its_own_start_keeps_the_warm_one(monkeypatch, caplog)
                             config=config, seed=0, warm=warm)
     assert len(builds) == 2 and "keeping the warm-started one" in caplog.text
     assert min(kept.history.column("loss")) == min(warm_only.history.column("loss"))
+
+
+def test_the_scaled_nll_judges_the_mean_and_the_intervals_shape_not_their_scale():
+    """A candidate with computational uncertainty is ranked by the held-out NLL with its
+    variance times its best factor: unchanged by a constant factor on the variance, the plain
+    NLL where the scale already fits, so with the better mean but intervals too wide by a
+    constant (CaGP-Opt's early in training) it ranks first; any other by its plain NLL."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(4_000, dtype=torch.float64, generator=g)
+    shape = 0.5 + torch.rand(4_000, dtype=torch.float64, generator=g)
+    mean = y + 0.1 * shape.sqrt() * torch.randn(4_000, dtype=torch.float64, generator=g)
+    fitted = Predictive(mean, 0.01 * shape, noise=torch.tensor(0.0, dtype=torch.float64))
+    c = float(((y - mean).square() / (0.01 * shape)).mean())
+    at_fit = Predictive(mean, 0.01 * c * shape, noise=torch.tensor(0.0, dtype=torch.float64))
+    assert racing.scaled_nll(at_fit, y) == pytest.approx(at_fit.nll(y), rel=1e-12)
+    for factor in (1e-3, 1.0, 25.0):
+        wide = Predictive(mean, factor * 0.01 * shape, noise=torch.tensor(0.0, dtype=torch.float64))
+        assert racing.scaled_nll(wide, y) == pytest.approx(racing.scaled_nll(fitted, y), rel=1e-12)
+    # a worse mean with well-scaled intervals against the better mean with intervals 30x wide
+    worse = y + 0.2 * torch.randn(4_000, dtype=torch.float64, generator=g)
+    calibrated = Predictive(worse, torch.full_like(y, 0.04), noise=torch.tensor(0.0).double())
+    too_wide = Predictive(mean, 0.3 * shape, noise=torch.tensor(0.0, dtype=torch.float64))
+    assert too_wide.nll(y) > calibrated.nll(y)  # the plain NLL prefers the calibrated one
+    a = racing.Runner("a", {}, nll=calibrated.nll(y), scaled_nll=racing.scaled_nll(calibrated, y))
+    b = racing.Runner("b", {}, nll=too_wide.nll(y), scaled_nll=racing.scaled_nll(too_wide, y),
+                      fitted_scale=True)
+    assert min([a, b], key=lambda r: r.judged).key == "b"
+    assert "at a fitted scale" in b.describe() and "at a fitted scale" not in a.describe()
+    plain = replace(b, fitted_scale=False)  # without computational uncertainty: its plain NLL
+    assert min([a, plain], key=lambda r: r.judged).key == "a"
+    failed = racing.Runner("c", {}, scaled_nll=-5.0, fitted_scale=True)  # no finite NLL
+    assert failed.judged == math.inf
+
+
+def test_cagp_opt_declares_computational_variance_and_svgp_does_not():
+    x, y = _data(300, 2)
+    for key, declared in (("cagp-opt", True), ("cagp-cg", True), ("svgp", False),
+                          ("softki", False)):
+        model = build(key, 2, init=(x.float(), y.float()), **SMALL_OPTIONS.get(key, {}))
+        assert model.computational_variance is declared, key

@@ -100,6 +100,11 @@ class Method(nn.Module, ABC):
     actions): a model built on other rows cannot start from them, and the hyperparameters
     trained with them are no better a start than the method's own pre-fit (``auto``'s race
     winner then trains from its own start)."""
+    computational_variance: ClassVar[bool] = False
+    """The predictive variance includes computational uncertainty (CaGP: the error of solving
+    with a few actions), which training the actions shrinks: ``auto``'s race judges such a
+    candidate by its held-out NLL at a fitted variance scale
+    (:func:`gpscale.training.race.scaled_nll`)."""
     max_start_lr: float | None = None
     """The largest learning rate training may start at, or ``None`` (the default): no cap. The
     harness sets it on a model built from pre-fitted start values (the ``prefit_max_lr``

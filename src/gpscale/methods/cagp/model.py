@@ -159,6 +159,8 @@ class CaGP(HeldOutNoise, Method):
         learned on, so it trains on every row and keeps its ELBO's σ²."""
         return not isinstance(self.policy, LearnedBlockSparsePolicy)
 
+    computational_variance = True
+
     @property
     def rows_in_parameters(self) -> bool:
         """CaGP-Opt's learned actions are values on the training rows."""
