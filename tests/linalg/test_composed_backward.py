@@ -162,8 +162,8 @@ def test_float64_hyperparameters_with_float32_inputs(path, generator):
     got = _grads(out, a, b, v, kernel, weights.float())
     assert [g.dtype for g in got[:3]] == [torch.float32] * 3  # x1, x2, V
     assert all(g.dtype == torch.float64 for g in got[3:])  # the kernel's parameters
-    for g, w in zip(got, want, strict=True):
-        assert (g.double() - w).abs().max() <= 1e-4 * w.abs().max()
+    for g, w in zip(got, want, strict=True):  # float32 sums over the tile, in any order
+        assert (g.double() - w).abs().max() <= 3e-4 * w.abs().max()
 
 
 @pytest.mark.parametrize("profile", ["matern12", "matern32", "matern52", "rbf"])

@@ -391,7 +391,7 @@ def test_a_winner_with_parameters_per_row_trains_from_its_own_start(monkeypatch)
 
     def rigged(runner, *args, **kwargs):  # the real slice, then the favourite ranked first
         real(runner, *args, **kwargs)
-        runner.nll = 0.0 if runner.key == favourite["key"] else 1.0
+        runner.nll = runner.scaled_nll = 0.0 if runner.key == favourite["key"] else 1.0
 
     monkeypatch.setattr(racing, "_run_slice", rigged)
     x, y = _data(700, 3)
