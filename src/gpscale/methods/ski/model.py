@@ -391,8 +391,8 @@ def _grid_options(key: str) -> tuple[Option, ...]:
     kernel = prior_options_with(kernel="rbf", refuse=additive_refusal)
     return (
         Option("grid_size", "ints", None, "grid points per dimension (one or a list); none: "
-               "1024 / 100² / 32³ for d = 1 / 2 / 3 (an additive kernel's groups: 256 / 40² / "
-               "14³)", minimum=2),
+               "1024 / 100² / 32³ for d = 1 / 2 / 3 (an additive kernel's groups of 1 / 2 / 3 "
+               "inputs: 128 / 32² / 12³, or these where there is one group)", minimum=2),
         Option("grid_bounds", "bounds", None, "(lower, upper) box of the grid; none: the data's "
                "box widened by grid_margin"),
         Option("grid_margin", "float", 0.1, "fraction of the data range added each side",
