@@ -32,11 +32,11 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    (:attr:`~gpscale.methods.base.Method.computational_variance`: CaGP-Opt) is judged with its
    variance times the one factor that fits the held-out rows best (:func:`scaled_nll`): early
    in its training its intervals are wide by the error of its untrained actions, which its
-   training removes (on Parkinsons its held-out NLL rose while its RMSE fell, and the plain
-   NLL ranked it behind a method that stopped four times worse). Every other candidate keeps
-   its plain NLL: its intervals' scale is what its final run delivers (SVGP's, judged at a
-   fitted scale, won a race on Kin40k and then predicted far worse than SoftKI's). Both NLLs
-   of such a candidate are in the reason line.
+   training removes, so its plain held-out NLL can rise while its RMSE falls and rank it
+   behind a method that ends far worse. Every other candidate keeps its plain NLL: its
+   intervals' scale is what its final run delivers, and judged at a fitted scale a method
+   whose final run does not calibrate its scale would win on intervals it never gives. Both
+   NLLs of such a candidate are in the reason line.
 4. The winner is rebuilt on every row and trained for the rest of the budget, starting from
    the parameters its race's training ended with (again before the calibration:
    hyperparameters, inducing points and variational parameters), at its pre-fit learning

@@ -5,10 +5,13 @@ through save / load with its data, and refuses what no grid can take."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
+from gpscale.errors import ConvergenceWarning
 from gpscale.estimators import GPRegressor
 from gpscale.io import load, save
 from gpscale.methods import build, get_spec
@@ -109,3 +112,25 @@ def test_what_no_grid_can_take_is_refused_in_one_line():
     x, y = _problem()
     with pytest.raises(ValueError, match="on 4 inputs; a grid takes at most 3"):
         build("ski", 4, init=(x, y), kernel="rbf(0, 1, 2, 3)")
+    # one grid over every input: the error points to the groups
+    with pytest.raises(ValueError, match="sum of kernels on groups of at most 3 inputs"):
+        build("ski", 4, init=(x, y))
+
+
+def test_a_solve_that_stops_short_says_so():
+    """CG that runs out of iterations before rtol warns, naming max_iters; its defaults do
+    not."""
+    x, y = _problem()
+    x_test = 0.5 * torch.randn(20, 4, dtype=_F64, generator=torch.Generator().manual_seed(3))
+    for key, kernel in (("ski", KERNEL), ("ski", "rbf")):
+        d = 4 if kernel == KERNEL else 2
+        model = build(key, d, init=(x[:, :d], y), kernel=kernel, max_iters=2, rtol=1e-10,
+                      variance="exact").double()
+        with pytest.warns(ConvergenceWarning, match="max_iters=2"):
+            state = model.condition(x[:, :d], y)
+        with pytest.warns(ConvergenceWarning, match="predictive variances"), torch.no_grad():
+            model.predict(state, x_test[:, :d])
+    model = build("ski", 4, init=(x, y), kernel=KERNEL).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        model.condition(x, y)

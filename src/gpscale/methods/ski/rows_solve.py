@@ -17,12 +17,14 @@ Every iteration touches n-vectors: this is the paper's baseline, which GGP's sta
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from gpscale.errors import ConvergenceWarning
 from gpscale.linalg.additive import AdditiveRows
 from gpscale.linalg.ops import rademacher
 from gpscale.linalg.solvers.cg import ConjugateGradient
@@ -62,6 +64,9 @@ def condition_rows(options: dict[str, Any], GK, rows, probes: tuple[Tensor, Tens
                                record_lanczos=True)
         result = cg.run(cg.init(ski_operator(GK, rows, float(noise.detach()))), rhs)
         X = result.solution
+        # the probes' columns only feed the log-determinant estimate
+        _warn_unless_converged(result.converged[:1], options,
+                               "the likelihood and the predictive mean")
         wt_x = rows.rmatmul(X)
         b_dot_x = (rhs * X).sum(0)
         samples = result.lanczos_weights[1:] * lanczos_quadrature(result.tridiagonal[1:])
@@ -69,6 +74,16 @@ def condition_rows(options: dict[str, Any], GK, rows, probes: tuple[Tensor, Tens
                      z_sq=X[:, 0] @ X[:, 0], one_z=X[:, 0].sum(), h_probes=wt_probes,
                      wt_x=wt_x[:, 1:], probe_dot=b_dot_x[1:], logdet_samples=samples,
                      iterations=result.iterations, data=rows)
+
+
+def _warn_unless_converged(converged: Tensor, options: dict[str, Any], what: str) -> None:
+    """A :class:`~gpscale.errors.ConvergenceWarning` when a CG column in ``converged`` stopped
+    on ``max_iters`` before ``rtol``; its last iterate is used."""
+    if not bool(converged.all()):
+        warnings.warn(f"SKI: CG on W K Wᵀ + σ²I stopped after max_iters={options['max_iters']} "
+                      f"iterations above rtol={options['rtol']:g}; {what} are approximate "
+                      "(raise max_iters, or use ggp, whose solves need fewer iterations)",
+                      ConvergenceWarning, stacklevel=3)
 
 
 def _columns(rows) -> Tensor:
@@ -87,7 +102,9 @@ def variance_reduction(options: dict[str, Any], GK, rows, noise: float, *, exact
 
         def solved(test_rows) -> Tensor:
             Kw = GK.matmul(_columns(test_rows))
-            return (Kw * rows.rmatmul(cg.solve(cg.init(A), rows.matmul(Kw)))).sum(0)
+            result = cg.run(cg.init(A), rows.matmul(Kw))
+            _warn_unless_converged(result.converged, options, "the predictive variances")
+            return (Kw * rows.rmatmul(result.solution)).sum(0)
         return solved
     m = GK.num_grid
     b0 = rows.matmul(GK.matmul(torch.full((m,), 1.0 / m, dtype=_F64, device=device)))

@@ -169,8 +169,10 @@ def grid_options(num_dims: int, init, grid_size, grid_bounds, grid_margin: float
     """Resolve the grid: sizes per dimension and the box [lower, upper] it pads around."""
     if num_dims > MAX_DIMS:
         raise ValueError(f"ski/ggp build a grid of m = Π_j m_j points, exponential in the input "
-                         f"dimension; d = {num_dims} > {MAX_DIMS} is impractical. Use a method "
-                         "for higher dimensions: 'softki', 'svgp', 'sgpr' or 'cagp-opt'.")
+                         f"dimension; d = {num_dims} > {MAX_DIMS} is impractical. Give a sum of "
+                         f"kernels on groups of at most {MAX_DIMS} inputs, one grid each (-o "
+                         "kernel='rbf(0) + rbf(1, 2) + ...'), or use a method for higher "
+                         "dimensions: 'softki', 'svgp', 'sgpr' or 'cagp-opt'.")
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"unknown interpolation {interpolation!r}; valid: "
                          f"{', '.join(INTERPOLATIONS)}")
