@@ -105,7 +105,10 @@ def test_well_formed_tables_load_exactly(folder, table, seed):
     # constant: every value equal (a spread of 1e-177, whose square underflows, is not)
     # or spread by less than the smallest normal float64, no scale to standardise by
     tiny = np.finfo(np.float64).tiny
-    flat = (x[train] == x[train][0]) | (np.std(x[train], axis=0) <= tiny)
+    diff = x[train] - x[train][0]  # np.std squares 1e-177 to 0: scale the spread first
+    reach = np.abs(diff).max(axis=0)
+    spread = reach * np.std(diff / np.where(reach > 0, reach, 1.0), axis=0)
+    flat = (x[train] == x[train][0]) | (spread <= tiny)
     constant = bool(flat.all() or (y[train] == y[train][0]).all())
     try:
         data = load_csv(path, "target" if header else -1, seed=seed)

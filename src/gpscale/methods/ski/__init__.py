@@ -9,23 +9,23 @@ the grid) and runs CG on n-vectors. GGP (the paper's GSGP) computes WᵀW, Wᵀy
 in one streaming pass, and then runs the same iterations in m dimensions, at a cost per
 iteration independent of n.
 
-==============  ================================================================================
-``model``       :class:`SKI` and :class:`GGP`: the two models, their predictive, the factories
-                and the registration of their keys
-``statistics``  :class:`SufficientStatistics` and :func:`sufficient_statistics` (the streaming
-                pass), and the resolution of the grid options
-``solve``       GGP's m-dimensional solves and the :class:`GridState` they assemble
-``pipeline``    what the pipeline needs beside the options: training defaults per preset, small
-                test options
-``sharded``     GGP's statistics from per-rank shards for data-parallel training
-                (:meth:`GGP.shard_plan`)
-``additive``    additive GGP: ``ggp`` with a sum of kernels on groups of at most 3 inputs, one
-                grid per group (:class:`AdditiveGGP`, its statistics and the refusals)
-``groups``      the terms of an additive kernel by input group: refusals, grid kernels, reach,
-                grid sizes (terms on the same inputs share one grid)
-``rows_solve``  SKI's n-dimensional CG and variance on the training rows, one grid or stacked
-``additive_ski`` additive SKI: ``ski`` with the same expressions (:class:`AdditiveSKI`)
-==============  ================================================================================
+================  ==============================================================================
+``model``         :class:`SKI` and :class:`GGP`: the two models, their predictive, the factories
+                  and the registration of their keys
+``statistics``    :class:`SufficientStatistics` and :func:`sufficient_statistics` (the streaming
+                  pass), and the resolution of the grid options
+``solve``         GGP's m-dimensional solves and the :class:`GridState` they assemble
+``pipeline``      what the pipeline needs beside the options: training defaults per preset, small
+                  test options
+``sharded``       GGP's statistics from per-rank shards for data-parallel training
+                  (:meth:`GGP.shard_plan`)
+``additive``      additive GGP: ``ggp`` with a sum of kernels on groups of at most 3 inputs, one
+                  grid per group (:class:`AdditiveGGP`, its statistics and the refusals)
+``groups``        the terms of an additive kernel by input group: refusals, grid kernels, reach,
+                  grid sizes (terms on the same inputs share one grid)
+``rows_solve``    SKI's n-dimensional CG and variance on the training rows, one grid or stacked
+``additive_ski``  additive SKI: ``ski`` with the same expressions (:class:`AdditiveSKI`)
+================  ==============================================================================
 
 Importing the package registers ``ski`` and ``ggp``.
 """
