@@ -178,3 +178,25 @@ def test_loading_leaves_subnormals_alone():
     tiny = torch.tensor([1e-308], dtype=torch.float64) / 1e10
     assert tiny.item() != 0.0
     assert (torch.tensor([1e-38], dtype=torch.float32) / 1e3).item() != 0.0
+
+
+@pytest.mark.parametrize("profile", list(DENSE))
+def test_far_pairs_flush_subnormals_within_a_call_only(profile, generator, monkeypatch):
+    """Short lengthscales: most pairs' kernel values and derivatives lie near e^-87, where the
+    adjoint's products are subnormal. A call flushes those to zero (x86 runs subnormal
+    arithmetic on a slow path) and stays within float32 rounding of the float64 product and
+    gradients; the calling thread's mode is back afterwards (one thread: the calls run in it)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    layout = BlockLayout(700, 35)
+    z = 8.0 * torch.randn(700, 3, generator=generator, dtype=torch.float64)  # most pairs far
+    s = torch.randn(700, generator=generator, dtype=torch.float64)
+    W = torch.randn(700, 35, generator=generator, dtype=torch.float64)
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        z_, s_ = z.to(dtype).requires_grad_(), s.to(dtype).requires_grad_()
+        out = native.symmetric_block_sparse_product(profile, z_, s_, layout)
+        grads = torch.autograd.grad((out * W.to(dtype)).sum(), (z_, s_))
+        results.append([out.double(), *(g.double() for g in grads)])
+        assert (torch.tensor([1e-38], dtype=torch.float32) / 1e3).item() != 0.0
+    for got, want in zip(*results, strict=True):
+        assert (got - want).abs().max() <= 1e-4 * want.abs().max()

@@ -13,7 +13,8 @@
  * threads without locks (gpscale.linalg.native.symmetric_rounds). Columns are processed in chunks of CH points whose inputs (stored transposed, d × n) stay in cache
  * while the rows pass over them; the loops over a chunk are simple enough for the compiler to
  * vectorise (-O3 with reassociation but not -ffast-math, whose start-up code would flush
- * subnormals process-wide; exp is our own inlined polynomial).
+ * subnormals process-wide; each call flushes them for its own length instead, SUBNORMALS_OFF;
+ * exp is our own inlined polynomial).
  *
  * This file is compiled twice, with REAL = float (suffix f32) and REAL = double (f64).
  */
@@ -29,6 +30,29 @@
 #define FN(name) CAT(name, SFX)
 
 enum { RBF = 0, MATERN12 = 1, MATERN32 = 2, MATERN52 = 3 };
+
+/* Subnormals off for the length of one call: results below the smallest normal number are
+ * flushed to zero and such inputs read as zero (x86: MXCSR FTZ | DAZ; AArch64: FPCR.FZ), the
+ * caller's mode restored on return. Far pairs under short lengthscales give kernel values and
+ * derivatives near e^-87, whose products with the adjoint's entries are subnormal, and
+ * arithmetic on subnormals takes a slow microcode path on x86 (the adjoint ran 6x slower).
+ * What is flushed is below 1.2e-38 (float32) in sums whose diagonal terms are the outputscale. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define SUBNORMALS_OFF                                                                       \
+    const unsigned int saved_mode_ = _mm_getcsr();                                           \
+    _mm_setcsr(saved_mode_ | 0x8040u)
+#define SUBNORMALS_RESTORE _mm_setcsr(saved_mode_)
+#elif defined(__aarch64__)
+#define SUBNORMALS_OFF                                                                       \
+    uint64_t saved_mode_;                                                                    \
+    __asm__ volatile("mrs %0, fpcr" : "=r"(saved_mode_));                                    \
+    __asm__ volatile("msr fpcr, %0" ::"r"(saved_mode_ | (1ull << 24)))
+#define SUBNORMALS_RESTORE __asm__ volatile("msr fpcr, %0" ::"r"(saved_mode_))
+#else
+#define SUBNORMALS_OFF (void)0
+#define SUBNORMALS_RESTORE (void)0
+#endif
 
 /* e^x for x ≤ 0 in float32, inlined so that the loops calling it vectorise without a call:
  * x = k ln 2 + r, |r| ≤ ln 2 / 2, e^r by its degree-6 Taylor polynomial (relative error below
@@ -187,6 +211,7 @@ void FN(block_sparse_forward)(int profile, int64_t n, int64_t d, const REAL *zr,
                               const REAL *zT, const REAL *s, const int64_t *block_start,
                               const int64_t *block_of, int64_t nb, REAL *out, int64_t r0,
                               int64_t r1, int64_t cb, int64_t ce, int mirror) {
+    SUBNORMALS_OFF;
     REAL D2[CH], phi[CH], col[CH];
     for (int64_t c0 = cb; c0 < ce; c0 += CH) {
         const int64_t m = ce - c0 < CH ? ce - c0 : CH;
@@ -216,6 +241,7 @@ void FN(block_sparse_forward)(int profile, int64_t n, int64_t d, const REAL *zr,
         if (mirror)
             for (int64_t q = 0; q < m; ++q) out[(c0 + q) * nb + current] += col[q];
     }
+    SUBNORMALS_RESTORE;
 }
 
 /* The adjoint of the symmetric product Z = Φ S (rows and columns the same n points), given
@@ -231,6 +257,7 @@ void FN(block_sparse_adjoint)(int profile, int64_t n, int64_t d, const REAL *z,
                               const int64_t *block_of, int64_t nb, const REAL *gout,
                               const REAL *goutT, int want_z, int64_t r0, int64_t r1,
                               int64_t cb, int64_t ce, int mirror, REAL *gs, REAL *gz) {
+    SUBNORMALS_OFF;
     REAL D2[CH], phi[CH], dphi[CH], w[CH];
     REAL *dots = malloc((size_t)d * sizeof(REAL));
     REAL *col = mirror && want_z ? malloc((size_t)d * CH * sizeof(REAL)) : NULL;
@@ -273,12 +300,14 @@ void FN(block_sparse_adjoint)(int profile, int64_t n, int64_t d, const REAL *z,
     }
     free(col);
     free(dots);
+    SUBNORMALS_RESTORE;
 }
 
 /* Rows of the kernel matrix: out[(p − r0) · ld + q] = φ(‖z_p − z_q‖²) for p ∈ [r0, r1), q < n.
  * zr (t × d): the row points; zT (d × n): the column points, transposed. */
 void FN(kernel_rows)(int profile, int64_t n, int64_t d, const REAL *zr, const REAL *zT,
                      int64_t r0, int64_t r1, REAL *out, int64_t ld) {
+    SUBNORMALS_OFF;
     REAL D2[CH];
     for (int64_t p = r0; p < r1; ++p)
         for (int64_t c0 = 0; c0 < n; c0 += CH) {
@@ -286,6 +315,7 @@ void FN(kernel_rows)(int profile, int64_t n, int64_t d, const REAL *zr, const RE
             FN(sqdist)(m, d, zr + p * d, zT, n, c0, D2);
             FN(profile)(profile, m, D2, out + (p - r0) * ld + c0, NULL);
         }
+    SUBNORMALS_RESTORE;
 }
 
 /* ---- The dense product K(z_rows, z_cols) V, fused -------------------------------------------
@@ -486,7 +516,9 @@ void FN(dense_product)(int profile, int64_t n, int64_t d, const REAL *zr, const 
     const int64_t term_end[1] = {1}, leaf[3] = {profile, 0, d};
     const REAL scale[1] = {1};
     const struct FN(kernel) K = {1, term_end, scale, leaf};
+    SUBNORMALS_OFF;
     FN(panel_product)(&K, n, d, zr, zT, rhs, kp, out, r0, r1, cb, ce, mirror, span);
+    SUBNORMALS_RESTORE;
 }
 
 /* The product with a composed kernel (struct kernel: num_terms, term_end, scale, leaf) on the
@@ -496,7 +528,9 @@ void FN(composed_product)(int64_t num_terms, const int64_t *term_end, const REAL
                           const REAL *zT, const REAL *rhs, int64_t kp, REAL *out, int64_t r0,
                           int64_t r1, int64_t cb, int64_t ce, int mirror, int64_t span) {
     const struct FN(kernel) K = {num_terms, term_end, scale, leaf};
+    SUBNORMALS_OFF;
     FN(panel_product)(&K, n, d, zr, zT, rhs, kp, out, r0, r1, cb, ce, mirror, span);
+    SUBNORMALS_RESTORE;
 }
 #undef VEC
 #undef W
