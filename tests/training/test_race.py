@@ -19,17 +19,19 @@ from gpscale.methods import build
 from gpscale.methods.auto import race_candidates, split_mode
 from gpscale.methods.options import OptionError
 from gpscale.testing import SMALL_OPTIONS
-from gpscale.training import harness
+from gpscale.training import harness, prefit
 from gpscale.training import race as racing
 from gpscale.training.config import resolve_fit_config
 from gpscale.training.harness import (
     build_method,
     load_warm,
     restart_time,
+    start_warm,
     train_built,
     train_method,
 )
 from gpscale.training.history import History
+from gpscale.training.prefit import AUTO_PREFIT_MIN_POINTS, takes_shared_start
 
 ADDITIVE = "rbf(0) + rbf(1) + rbf(2, 3)"
 
@@ -255,6 +257,51 @@ def test_every_candidate_starts_from_one_exact_gp(monkeypatch):
     assert starts == {"svgp": None, "softki": None} and len(fitted) == 1
 
 
+def test_a_method_with_its_own_prefit_rule_races_from_the_start_it_has_alone(monkeypatch):
+    """CaGP-Opt pre-fits alone only above AUTO_PREFIT_MIN_POINTS rows (or with
+    prefit=exact): below, it races from its own defaults at its full learning rate while the
+    others take the shared start; the winner's final run goes on under the cap it raced
+    under, and under none where it raced uncapped."""
+    assert takes_shared_start("svgp", {}, 10) and takes_shared_start("softki", {}, 10)
+    assert not takes_shared_start("cagp-opt", {}, AUTO_PREFIT_MIN_POINTS)
+    assert takes_shared_start("cagp-opt", {}, AUTO_PREFIT_MIN_POINTS + 1)
+    assert takes_shared_start("cagp-opt", {"prefit": "exact"}, 100)
+    assert not takes_shared_start("cagp-opt", {"prefit": "off"}, 10 * AUTO_PREFIT_MIN_POINTS)
+    starts, real_build = {}, racing.build_method
+
+    def build_spy(key, *args, start=None, **kwargs):
+        starts.setdefault(key, start)
+        return real_build(key, *args, start=start, **kwargs)
+
+    monkeypatch.setattr(racing, "build_method", build_spy)
+    real_slice = racing._run_slice
+
+    def rigged(runner, *args, **kwargs):  # CaGP-Opt wins
+        real_slice(runner, *args, **kwargs)
+        runner.nll = runner.scaled_nll = 0.0 if runner.key == "cagp-opt" else 1.0
+
+    monkeypatch.setattr(racing, "_run_slice", rigged)
+    x, y = _data(1_300, 3)
+    for capped in (False, True):
+        if capped:  # as on more rows than the rule's bound
+            monkeypatch.setattr(prefit, "AUTO_PREFIT_MIN_POINTS", 1_000)
+        starts.clear()
+        result = racing.race(["cagp-opt", "svgp"], x, y, options={},
+                             config_for=lambda key: replace(_config(key), dtype="float64"),
+                             budget=1_000.0, seed=0, epochs=2)
+        assert starts["svgp"] is not None
+        assert (starts["cagp-opt"] is not None) == capped
+        winner = result.runners[0]
+        assert winner.key == "cagp-opt" and result.warm
+        assert (winner.model.max_start_lr is not None) == capped
+        assert ("prefit_max_lr" in result.options) == capped
+    model = build("cagp-opt", 3, init=(x, y))
+    start_warm(model, {}, "cagp-opt", {})
+    assert model.max_start_lr is None
+    start_warm(model, {}, "cagp-opt", {"prefit_max_lr": 0.1})
+    assert model.max_start_lr == 0.1
+
+
 def test_no_shared_start_where_the_exact_gp_races(monkeypatch):
     """Where the exact GP races (L-BFGS on its own likelihood) the candidates start from their
     own defaults: no pre-fit runs."""
@@ -383,9 +430,12 @@ def test_only_converged_full_batch_lbfgs_runs_with_time_left_restart():
     assert restart_time(late, config) is None  # less than half its budget left
 
 
-def test_a_winner_with_parameters_per_row_trains_from_its_own_start(monkeypatch):
-    """CaGP-Opt's actions belong to the race's rows: its final run gets no warm start and
-    keeps its pre-fit; a winner whose parameters all carry over (SVGP) starts from them."""
+def test_a_winner_with_parameters_per_row_starts_from_them_grown_to_every_row(monkeypatch):
+    """CaGP-Opt's actions belong to the race's rows: its final run starts from them grown to
+    every row (the held-out rows at zero) with its trained hyperparameters, where its number
+    of actions is the same on every row (512 from 1,024 rows on); where the default number
+    follows n (n/2 below 1,024 rows) it gets no warm start and keeps its pre-fit. A winner
+    whose parameters all carry over (SVGP) starts from them."""
     real = racing._run_slice
     favourite = {"key": "cagp-opt"}
 
@@ -394,17 +444,25 @@ def test_a_winner_with_parameters_per_row_trains_from_its_own_start(monkeypatch)
         runner.nll = runner.scaled_nll = 0.0 if runner.key == favourite["key"] else 1.0
 
     monkeypatch.setattr(racing, "_run_slice", rigged)
-    x, y = _data(700, 3)
-    for key in ("cagp-opt", "svgp"):
+    for key, n in (("cagp-opt", 700), ("cagp-opt", 1_300), ("svgp", 700)):
         favourite["key"] = key
+        x, y = _data(n, 3)
         result = racing.race(["cagp-opt", "svgp"], x, y, options={}, config_for=_config,
                              budget=1_000.0, seed=0, epochs=2)
         winner = result.runners[0]
         assert winner.key == key == result.choice.method
         assert winner.model.rows_in_parameters == (key == "cagp-opt")
-        if key == "cagp-opt":
+        if key == "svgp":
+            assert any(name.endswith("raw_lengthscale") for name in result.warm)
+        elif n < 1_024 + racing.HELD_MIN:
             assert result.warm == {}
         else:
+            index, values = result.warm["policy.index"], result.warm["policy.values"]
+            assert sorted(index.tolist()) == list(range(n))
+            _, held = racing.held_out_split(n, 0)
+            position = torch.argsort(index)
+            assert bool((values[position[held]] == 0).all())
+            assert int((values != 0).sum()) == n - result.held
             assert any(name.endswith("raw_lengthscale") for name in result.warm)
     assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, {}) == {"num_actions": 8}
     assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, {"a": torch.zeros(1)}) == {

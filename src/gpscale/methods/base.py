@@ -97,9 +97,8 @@ class Method(nn.Module, ABC):
     implements :meth:`set_noise`."""
     rows_in_parameters: ClassVar[bool] = False
     """Some trained parameters belong to individual training rows (CaGP-Opt's learned
-    actions): a model built on other rows cannot start from them, and the hyperparameters
-    trained with them are no better a start than the method's own pre-fit (``auto``'s race
-    winner then trains from its own start)."""
+    actions): a model built on more rows starts from them only as :meth:`warm_for_rows`
+    carries them over."""
     computational_variance: ClassVar[bool] = False
     """The predictive variance includes computational uncertainty (CaGP: the error of solving
     with a few actions), which training the actions shrinks: ``auto``'s race judges such a
@@ -186,6 +185,15 @@ class Method(nn.Module, ABC):
         quantities in ``x``'s dtype (CaGP: a positive definite SᵀK̂S); where not, the harness
         builds it again from the default start. ``True`` (the default): no check."""
         return True
+
+    def warm_for_rows(self, trained: dict[str, Tensor], x: Tensor, kept: Tensor, added: Tensor,
+                      options: dict[str, Any]) -> dict[str, Tensor] | None:
+        """Parameters (and row buffers) by name to start a model with ``options`` on every
+        row of ``x`` from this one, trained on the rows ``x[kept]`` to ``trained``; ``added``
+        are the other rows. ``auto``'s race winner starts its final run from them. ``None``:
+        no such start (then it trains from its own). The default hands ``trained`` on as it
+        is, or ``None`` where :attr:`rows_in_parameters`."""
+        return None if self.rows_in_parameters else dict(trained)
 
     def shard_plan(self, x: Tensor, y: Tensor, *, start: int,
                    num_points: int) -> ShardPlan | None:

@@ -33,6 +33,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ from torch import Tensor
 from gpscale.devices import check_dense_fits, inducing_options, on_cpu_after_oom
 from gpscale.errors import NonFiniteLossError, NumericalError
 from gpscale.methods.base import Method
-from gpscale.methods.registry import build, get_spec
+from gpscale.methods.registry import build
 from gpscale.training.calibration import calibrate_noise, heldout_rows
 from gpscale.training.config import FitConfig
 from gpscale.training.fit import condition_only, fit
@@ -306,12 +307,12 @@ def _final_loss(history: History) -> float:
 
 
 def load_warm(model: torch.nn.Module, warm: Mapping[str, Tensor]) -> list[str]:
-    """Copy into ``model`` each parameter of ``warm`` whose name and shape it has; the names
-    copied (a parameter whose shape follows the training rows, as CaGP-Opt's actions, keeps
-    its fresh start)."""
+    """Copy into ``model`` each parameter or buffer of ``warm`` whose name and shape it has;
+    the names copied (one of another shape, as actions learned on other rows, keeps its fresh
+    start)."""
     copied = []
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in chain(model.named_parameters(), model.named_buffers()):
             value = warm.get(name)
             if value is not None and value.shape == p.shape:
                 p.copy_(value.to(device=p.device, dtype=p.dtype))
@@ -321,12 +322,12 @@ def load_warm(model: torch.nn.Module, warm: Mapping[str, Tensor]) -> list[str]:
 
 def start_warm(model: Method, warm: Mapping[str, Tensor], method: str,
                options: Mapping[str, Any]) -> None:
-    """Start ``model`` from ``warm`` (:func:`load_warm`) and, as from a pre-fit, train it at
-    no more than its ``prefit_max_lr`` where the method declares one: a trained start is not
-    to be thrown away by a first large step."""
+    """Start ``model`` from ``warm`` (:func:`load_warm`) and train it at no more than the
+    ``prefit_max_lr`` in ``options``, where they hold one: the race passes on the cap its
+    winner trained under (a start from the shared pre-fit, which a first large step would
+    throw away); a winner that raced from its own defaults goes on at its own rate."""
     copied = load_warm(model, warm)
     log.info("starting %s from %d trained parameter tensors of %d", method, len(copied),
              len(warm))
-    declared = {o.name for o in get_spec(method).options}
-    if "prefit_max_lr" in declared:
-        model.max_start_lr = float(get_spec(method).resolve(dict(options))["prefit_max_lr"])
+    if options.get("prefit_max_lr") is not None:
+        model.max_start_lr = float(options["prefit_max_lr"])

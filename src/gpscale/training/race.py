@@ -20,7 +20,11 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    relevant inputs first. Where the exact GP races (its likelihood fitted by L-BFGS, up to a
    few thousand rows) there is no shared start: on 128 inputs and 2,250 rows the start took
    a third of the race and every candidate, the exact GP included, ended worse from it than
-   from its own defaults.
+   from its own defaults. A candidate with a pre-fit rule of its own
+   (:func:`~gpscale.training.prefit.takes_shared_start`: CaGP-Opt) takes the shared start
+   only where that rule would pre-fit its rows; below, it races as it trains alone, from its
+   defaults at its full learning rate, which a pre-fitted start (trained at the capped
+   ``prefit_max_lr``) falls behind in a few hundred of its cheap epochs.
 3. Successive halving: the race's share of the budget (:data:`RACE_SHARE`) is split evenly
    between ⌈log₂ k⌉ rounds, a round's time evenly between the candidates still in it; after
    each round the candidates are ranked by their held-out negative log predictive density
@@ -39,11 +43,16 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    NLLs of such a candidate are in the reason line.
 4. The winner is rebuilt on every row and trained for the rest of the budget, starting from
    the parameters its race's training ended with (again before the calibration:
-   hyperparameters, inducing points and variational parameters), at its pre-fit learning
-   rate. A winner with parameters per training row (CaGP-Opt's actions) starts from its own
-   defaults and pre-fit instead: its race's hyperparameters were trained with actions a
-   rebuilt model does not have, and from them its final run settled worse than from its
-   pre-fit on a 12-input set. A full-batch L-BFGS winner (the exact GP)
+   hyperparameters, inducing points and variational parameters), at most at the learning
+   rate it raced under (``prefit_max_lr`` after the shared start). A winner with parameters
+   per training row (CaGP-Opt's actions) has them grown to every row by
+   :meth:`~gpscale.methods.base.Method.warm_for_rows` (CaGP-Opt's blocks keep their learned
+   entries and take the held-out rows near them, at zero, so the final run starts at the
+   race's posterior): it trains full batch for hundreds of epochs, and from its own start it
+   would lose its race time, while its race's hyperparameters without the actions they were
+   trained with started it worse than its own pre-fit. Where they cannot be grown (a
+   default number of actions that differs on every row) it starts from its own defaults
+   and pre-fit. A full-batch L-BFGS winner (the exact GP)
    that converges from there with most of its time left is trained again from its own
    defaults and the lower loss kept (:func:`gpscale.training.harness.restart_time`): on 128
    inputs its race's parameters sat on a plateau of a worse optimum. :class:`RaceResult`
@@ -85,7 +94,7 @@ from gpscale.methods.options import PREFIT_OFF
 from gpscale.methods.registry import get_spec
 from gpscale.training.config import FitConfig
 from gpscale.training.harness import build_method, load_warm, train_built
-from gpscale.training.prefit import exact_prefit
+from gpscale.training.prefit import exact_prefit, takes_shared_start
 from gpscale.training.probe import inducing_probe
 
 __all__ = ["HELD_SHARE", "HELD_MIN", "HELD_MAX", "RACE_SHARE", "Runner", "RaceResult",
@@ -177,10 +186,11 @@ class RaceResult:
     Attributes:
         choice: the winner and the reason line (each candidate's held-out figures).
         options: the winner's options, typed.
-        warm: the winner's trained parameters by name (for
-            :func:`gpscale.training.harness.load_warm`); empty for a winner with parameters
-            per training row (:attr:`~gpscale.methods.base.Method.rows_in_parameters`), which
-            trains from its own start, pre-fit included, within what the race left.
+        warm: the winner's trained parameters by name for a model on every row (for
+            :func:`gpscale.training.harness.load_warm`; rows grown by
+            :meth:`~gpscale.methods.base.Method.warm_for_rows`); empty where they cannot be
+            carried over: the winner then trains from its own start, pre-fit included,
+            within what the race left.
         runners: every candidate, best first.
         seconds: the race's time, from the split to the winner's last evaluation.
         held: rows held out.
@@ -296,9 +306,12 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
     reason = (f"a race on {len(held_rows):,} held-out rows of {x.shape[0]:,} ({seconds:.0f} s"
               f"{began}): " + "; ".join(r.describe() for r in order)
               + f": {best.key}, the best held-out NLL")
-    warm = ({} if best.model.rows_in_parameters else
-            best.trained if best.trained is not None else warm_parameters(best.model))
-    return RaceResult(Choice(best.key, reason), best.options, warm, tuple(order), seconds,
+    trained = best.trained if best.trained is not None else warm_parameters(best.model)
+    warm = best.model.warm_for_rows(trained, x, train_rows, held_rows, best.options) or {}
+    options = dict(best.options)
+    if warm and best.model.max_start_lr is not None:  # the cap it raced under goes on
+        options["prefit_max_lr"] = best.model.max_start_lr
+    return RaceResult(Choice(best.key, reason), options, warm, tuple(order), seconds,
                       len(held_rows))
 
 
@@ -323,10 +336,12 @@ def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor,
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             if runner.model is None:
+                own = start if takes_shared_start(runner.key, runner.options,
+                                                  data[0].shape[0]) else None
                 runner.model, _ = build_method(runner.key, data, task="regression",
                                                num_classes=None, options=runner.options,
                                                config=config, seed=None,
-                                               device=config.torch_device, start=start)
+                                               device=config.torch_device, start=own)
             elif runner.trained is not None:  # on from where training, not calibration, left it
                 load_warm(runner.model, runner.trained)
             device = config.torch_device

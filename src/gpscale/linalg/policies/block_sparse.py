@@ -11,6 +11,12 @@ assignment, the case i ∤ n and the initialisation open (notes/001 §4.3); here
   local feature, like an inducing point's) or seeded and random (:func:`block_assignment`, the
   authors' code: each action mixes points from all over the input space). Local blocks train
   faster in a fixed budget (evidence: BENCHMARKS.md, "defaults").
+- **Growing** (:func:`grow_blocks`): actions learned on n rows carried to n + m rows, as
+  ``auto``'s race hands CaGP-Opt's trained actions to its final run on every row. Each block
+  keeps its rows and entries and takes new rows near it (by the distance to its rows'
+  centroid) until the blocks again have the sizes :class:`BlockLayout` (n + m, i) gives; a new
+  row's entry starts at zero, so the grown actions span what the learned ones did and the
+  posterior starts where the learned one was.
 - **Initialisation** (:func:`initial_values`, the options of the authors' code): ``'random'``
   entries N(0, 1)/√(block size); ``'targets'`` the block's targets; ``'eigen'`` the top eigenvector
   of each diagonal kernel block K(X_Ij, X_Ij).
@@ -18,6 +24,7 @@ assignment, the case i ∤ n and the initialisation open (notes/001 §4.3); here
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -27,7 +34,7 @@ from gpscale.linalg.operators.block_sparse import BlockLayout, BlockSparseAction
 from gpscale.typing import Float, Int, Tensor
 
 __all__ = ["ACTION_INITS", "BLOCK_ASSIGNMENTS", "LearnedBlockSparsePolicy", "block_assignment",
-           "initial_values", "local_assignment"]
+           "grow_blocks", "initial_values", "local_assignment"]
 
 ACTION_INITS = ("random", "targets", "eigen")
 BLOCK_ASSIGNMENTS = ("random", "local")
@@ -141,3 +148,70 @@ class LearnedBlockSparsePolicy(nn.Module):
                              f"points; got {rhs.shape[0]}. CaGP-Opt conditions on the data it "
                              "was trained on.")
         return BlockSparseActions(self.values, self.index, num_blocks=self.layout.num_blocks)
+
+
+def grow_blocks(x: Float[Tensor, "n d"], index: Int[Tensor, " n"], values: Float[Tensor, " n"],
+                num_blocks: int, new: Float[Tensor, "m d"]
+                ) -> tuple[Int[Tensor, " N"], Float[Tensor, " N"]]:
+    """Block order and entries for the rows [x; new] (N = n + m, the new rows numbered n …
+    N − 1) that keep every learned block of ``index``, ``values`` (``num_blocks`` blocks on x).
+
+    The grown layout is ``BlockLayout(N, num_blocks)``: k = ⌊N/i⌋. Every block first takes new
+    rows until it has k (nearest centroid first, a block at most as many as it lacks), then
+    the N mod i rows left go one each to the blocks nearest them; blocks of k + 1 come first.
+    A block keeps its rows in their order and entries, then its new rows (entry 0).
+
+    Raises:
+        ValueError: ``index`` or ``values`` not of x's length, or inputs of other widths.
+    """
+    n, m = x.shape[0], new.shape[0]
+    if index.shape != (n,) or values.shape != (n,) or new.shape[1:] != x.shape[1:]:
+        raise ValueError(f"grow_blocks needs index and values of shape ({n},) and new rows of "
+                         f"width {x.shape[1]}; got {tuple(index.shape)}, {tuple(values.shape)}, "
+                         f"{tuple(new.shape)}")
+    layout, grown = BlockLayout(n, num_blocks), BlockLayout(n + m, num_blocks)
+    cpu = torch.device("cpu")
+    index = index.to(cpu)
+    x, new = x.detach().to(cpu, torch.float64), new.detach().to(cpu, torch.float64)
+    block_of = layout.block_ids()  # (n,) the block of each position
+    sizes = torch.tensor(layout.sizes())
+    centroids = torch.zeros(num_blocks, x.shape[1], dtype=torch.float64)
+    centroids.index_add_(0, block_of, x[index]).div_(sizes[:, None])
+    distance = torch.cdist(new, centroids)  # (m, i)
+    k = grown.size
+    assigned = torch.full((m,), -1, dtype=torch.long)
+    _fill_nearest(distance, (k - sizes).clamp_min(0), assigned)  # every block up to k
+    counts = torch.bincount(assigned[assigned >= 0], minlength=num_blocks)
+    _fill_nearest(distance, (sizes + counts == k).long(), assigned)  # the rest, one per block
+    final = sizes + torch.bincount(assigned, minlength=num_blocks)
+    rank = torch.empty(num_blocks, dtype=torch.long)  # blocks of k + 1 first, stably
+    rank[torch.argsort((final != k + 1).long(), stable=True)] = torch.arange(num_blocks)
+    # sort key: the block's rank, then its old rows (in their order) before its new ones
+    span = n + m
+    key = torch.cat([rank[block_of] * 2 * span + torch.arange(n),
+                     rank[assigned] * 2 * span + span + torch.arange(m)])
+    order = torch.argsort(key)
+    rows = torch.cat([index, n + torch.arange(m)])[order]
+    grown_values = torch.cat([values.detach().to(cpu), values.new_zeros(m, device=cpu)])[order]
+    return rows, grown_values
+
+
+def _fill_nearest(distance: Tensor, capacity: Tensor, assigned: Tensor) -> None:
+    """Assign the unassigned rows (``assigned`` −1) to blocks with capacity left, nearest
+    first: each round every such row asks for its nearest open block, and a block takes the
+    nearest of those asking up to its capacity; in place, until no row or no capacity is
+    left (each round places at least one row)."""
+    capacity = capacity.clone()
+    while True:
+        rows = (assigned < 0).nonzero()[:, 0]
+        if rows.numel() == 0 or int(capacity.sum()) == 0:
+            return
+        d = distance[rows].masked_fill(capacity[None, :] <= 0, math.inf)
+        best_d, best = d.min(1)
+        by_distance = torch.argsort(best_d, stable=True)
+        by_block = by_distance[torch.argsort(best[by_distance], stable=True)]
+        blocks = best[by_block]
+        first = torch.searchsorted(blocks, blocks, right=False)
+        taken = by_block[torch.arange(blocks.numel()) - first < capacity[blocks]]
+        assigned[rows[taken]] = best[taken]
+        capacity -= torch.bincount(best[taken], minlength=capacity.numel())

@@ -75,6 +75,7 @@ from gpscale.linalg.policies.block_sparse import (
     ACTION_INITS,
     BLOCK_ASSIGNMENTS,
     LearnedBlockSparsePolicy,
+    grow_blocks,
     initial_values,
     local_assignment,
 )
@@ -109,6 +110,9 @@ __all__ = [
 ]
 
 OBJECTIVES = ("elbo", "projected_nll")
+
+NUM_ACTIONS_CAP = 512
+"""CaGP-Opt's default number of actions from 1,024 rows on (below, n/2)."""
 
 REFRESH_EVERY = 4
 """CaGP-CG's default ``refresh_every`` (see :mod:`gpscale.methods.cagp.cg`)."""
@@ -165,6 +169,24 @@ class CaGP(HeldOutNoise, Method):
     def rows_in_parameters(self) -> bool:
         """CaGP-Opt's learned actions are values on the training rows."""
         return isinstance(self.policy, LearnedBlockSparsePolicy)
+
+    def warm_for_rows(self, trained: dict[str, Tensor], x: Tensor, kept: Tensor, added: Tensor,
+                      options: dict[str, Any]) -> dict[str, Tensor] | None:
+        """CaGP-Opt: the trained actions grown to every row of ``x``
+        (:func:`~gpscale.linalg.policies.block_sparse.grow_blocks`: each block keeps its
+        entries and takes the added rows near it at zero), with the hyperparameters as
+        trained; ``None`` where the model on every row would have another number of actions
+        (``num_actions`` follows n below 1,024 rows)."""
+        if not self.rows_in_parameters:
+            return super().warm_for_rows(trained, x, kept, added, options)
+        layout = self.policy.layout
+        if default_size(options.get("num_actions"), x.shape[0], NUM_ACTIONS_CAP, 2,
+                        "num_actions") != layout.num_blocks:
+            return None
+        order, values = grow_blocks(x[kept], self.policy.index, trained["policy.values"],
+                                    layout.num_blocks, x[added])
+        rows = torch.cat([kept, added]).to(order.device)
+        return {**trained, "policy.values": values, "policy.index": rows[order]}
 
     def condition(self, x: Tensor, y: Tensor, *, actions: Any = None) -> CaGPState:
         """Actions, K S, the float64 Gram factor and ṽ (Alg. S2 lines 1–5); differentiable.
@@ -330,7 +352,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
         if value not in valid:
             raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
     n = _num_train(init, num_train)
-    num_actions = default_size(num_actions, n, 512, 2, "num_actions")
+    num_actions = default_size(num_actions, n, NUM_ACTIONS_CAP, 2, "num_actions")
     check_num_points(n, num_actions, "actions")
     pre = pop_prefit_options(prior)
     opts = prior_options(init, task, num_dims, **prior)
