@@ -18,6 +18,7 @@ from gpscale.training import METHOD_DEFAULTS
 from gpscale.training import prefit as prefit_module
 from gpscale.training.harness import build_method, train_built, train_method
 from gpscale.training.prefit import (
+    AUTO_PREFIT_MIN_POINTS,
     RESOLVABLE_ULPS,
     VALIDATION_MIN_GAIN,
     exact_prefit,
@@ -173,17 +174,24 @@ def test_a_start_the_training_dtype_cannot_resolve_is_not_used(monkeypatch, dtyp
         assert filled == {"prefit": "exact"}
         assert len(caught) == 1 and "pre-fitted noise 0.0001 is below 10 rounding units of " \
             "the outputscale 1.96e+03 in float32" in str(caught[0].message)
-        assert prefit_lr_cap("cagp-opt", {"prefit": "exact"}, filled) is None  # the default lr
+        assert prefit_lr_cap("cagp-opt", {"prefit": "exact"}, filled, 120) is None  # default lr
 
 
 def test_lr_cap_only_after_a_prefit_that_supplied_values():
+    """The cap holds where start values were supplied and the method's own rule pre-fits
+    those rows: above AUTO_PREFIT_MIN_POINTS, or with prefit=exact; below, a start shared by
+    the race is trained at the full rate."""
     filled = {"lengthscale": [0.3, 0.4], "outputscale": 2.0, "noise": 0.02}
-    assert prefit_lr_cap("cagp-opt", {}, filled) == 0.1
-    assert prefit_lr_cap("cagp-opt", {"prefit_max_lr": 0.03}, {**filled, "prefit_max_lr": 0.03}
-                         ) == 0.03
-    assert prefit_lr_cap("cagp-opt", {"prefit": "off"}, {"prefit": "off"}) is None
-    assert prefit_lr_cap("cagp-opt", filled, filled) is None  # all given: nothing pre-fitted
-    assert prefit_lr_cap("sgpr", {}, {}) is None
+    many, few = AUTO_PREFIT_MIN_POINTS + 1, AUTO_PREFIT_MIN_POINTS
+    assert prefit_lr_cap("cagp-opt", {}, filled, many) == 0.1
+    assert prefit_lr_cap("cagp-opt", {}, filled, few) is None
+    assert prefit_lr_cap("cagp-opt", {"prefit": "exact"}, {**filled, "prefit": "exact"},
+                         few) == 0.1
+    assert prefit_lr_cap("cagp-opt", {"prefit_max_lr": 0.03}, {**filled, "prefit_max_lr": 0.03},
+                         many) == 0.03
+    assert prefit_lr_cap("cagp-opt", {"prefit": "off"}, {"prefit": "off"}, many) is None
+    assert prefit_lr_cap("cagp-opt", filled, filled, many) is None  # all given: no pre-fit
+    assert prefit_lr_cap("sgpr", {}, {}, many) is None
 
 
 @pytest.mark.parametrize("lr, trained_at", [(1.0, 0.1), (0.05, 0.05)])
@@ -328,19 +336,22 @@ def test_a_kernel_expression_or_object_takes_no_shared_start(kernel):
     assert named["lengthscale"] == FOUND["lengthscale"]
 
 
-def test_a_shared_start_is_treated_as_the_methods_own_prefit():
-    """Built from a shared start, CaGP-Opt skips its own pre-fit and trains at its
-    ``prefit_max_lr``; SVGP starts at the values and keeps its learning rate."""
+@pytest.mark.parametrize("method, options, capped", [
+    ("cagp-opt", {"prefit": "exact"}, True), ("cagp-opt", {}, False), ("svgp", {}, False)])
+def test_a_shared_start_is_treated_as_the_methods_own_prefit(method, options, capped):
+    """Built from a shared start, CaGP-Opt skips its own pre-fit, and trains at its
+    ``prefit_max_lr`` where its own rule would pre-fit these rows (prefit=exact; the default
+    'auto' does not on 600 rows: full rate); SVGP starts at the values and keeps its
+    learning rate."""
     x, y = _data(600)
     start = {"lengthscale": [0.7, 0.9], "outputscale": 1.3, "noise": 0.02}
-    for method, capped in (("cagp-opt", True), ("svgp", False)):
-        model, _ = build_method(method, (x, y), task="regression", num_classes=None,
-                                options={}, seed=0, start=start,
-                                config=METHOD_DEFAULTS[method].updated(progress=False))
-        hp = kernel_hyperparameters(model.kernel if method == "cagp-opt"
-                                    else model.gp.covar_module)
-        torch.testing.assert_close(hp.lengthscale.reshape(-1).double(),
-                                   torch.tensor(start["lengthscale"], dtype=torch.float64),
-                                   rtol=1e-5, atol=0)
-        assert float(hp.outputscale) == pytest.approx(1.3, rel=1e-5)
-        assert (model.max_start_lr is not None) == capped
+    model, _ = build_method(method, (x, y), task="regression", num_classes=None,
+                            options=options, seed=0, start=start,
+                            config=METHOD_DEFAULTS[method].updated(progress=False))
+    hp = kernel_hyperparameters(model.kernel if method == "cagp-opt"
+                                else model.gp.covar_module)
+    torch.testing.assert_close(hp.lengthscale.reshape(-1).double(),
+                               torch.tensor(start["lengthscale"], dtype=torch.float64),
+                               rtol=1e-5, atol=0)
+    assert float(hp.outputscale) == pytest.approx(1.3, rel=1e-5)
+    assert (model.max_start_lr is not None) == capped

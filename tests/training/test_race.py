@@ -31,7 +31,6 @@ from gpscale.training.harness import (
     train_method,
 )
 from gpscale.training.history import History
-from gpscale.training.prefit import AUTO_PREFIT_MIN_POINTS, takes_shared_start
 
 ADDITIVE = "rbf(0) + rbf(1) + rbf(2, 3)"
 
@@ -257,16 +256,11 @@ def test_every_candidate_starts_from_one_exact_gp(monkeypatch):
     assert starts == {"svgp": None, "softki": None} and len(fitted) == 1
 
 
-def test_a_method_with_its_own_prefit_rule_races_from_the_start_it_has_alone(monkeypatch):
-    """CaGP-Opt pre-fits alone only above AUTO_PREFIT_MIN_POINTS rows (or with
-    prefit=exact): below, it races from its own defaults at its full learning rate while the
-    others take the shared start; the winner's final run goes on under the cap it raced
-    under, and under none where it raced uncapped."""
-    assert takes_shared_start("svgp", {}, 10) and takes_shared_start("softki", {}, 10)
-    assert not takes_shared_start("cagp-opt", {}, AUTO_PREFIT_MIN_POINTS)
-    assert takes_shared_start("cagp-opt", {}, AUTO_PREFIT_MIN_POINTS + 1)
-    assert takes_shared_start("cagp-opt", {"prefit": "exact"}, 100)
-    assert not takes_shared_start("cagp-opt", {"prefit": "off"}, 10 * AUTO_PREFIT_MIN_POINTS)
+def test_a_method_with_its_own_prefit_rule_races_at_the_rate_it_has_alone(monkeypatch):
+    """Every candidate takes the shared start; CaGP-Opt, which pre-fits alone only above
+    AUTO_PREFIT_MIN_POINTS rows, trains from it at its capped prefit_max_lr only there, and
+    at its full rate below; the winner's final run goes on under the cap it raced under, and
+    under none where it raced uncapped."""
     starts, real_build = {}, racing.build_method
 
     def build_spy(key, *args, start=None, **kwargs):
@@ -289,8 +283,7 @@ def test_a_method_with_its_own_prefit_rule_races_from_the_start_it_has_alone(mon
         result = racing.race(["cagp-opt", "svgp"], x, y, options={},
                              config_for=lambda key: replace(_config(key), dtype="float64"),
                              budget=1_000.0, seed=0, epochs=2)
-        assert starts["svgp"] is not None
-        assert (starts["cagp-opt"] is not None) == capped
+        assert starts["svgp"] is not None and starts["cagp-opt"] is starts["svgp"]
         winner = result.runners[0]
         assert winner.key == "cagp-opt" and result.warm
         assert (winner.model.max_start_lr is not None) == capped

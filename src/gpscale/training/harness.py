@@ -114,7 +114,8 @@ def build_method(method: str, train: tuple[Tensor, Tensor], *, task: str,
             model = build(method, x.shape[1], task=task, num_classes=num_classes, init=(x, y),
                           **opts)
             model.to(device=device, dtype=config.torch_dtype)
-            model.max_start_lr = prefit_lr_cap(method, options, opts)  # read by train_built
+            model.max_start_lr = prefit_lr_cap(method, options, opts,  # read by train_built
+                                               x.shape[0])
             return model
 
         model = built(filled)

@@ -48,7 +48,7 @@ from gpscale.training.config import FitConfig, default_fit_config
 from gpscale.training.fit import fit
 
 __all__ = ["prefit_hyperparameters", "fill_prefit_options", "fill_start_options", "exact_prefit",
-           "prefit_lr_cap", "takes_shared_start",
+           "prefit_lr_cap",
            "validated_noise", "exact_prefit_wanted", "start_resolvable", "EXACT_PREFIT_EPOCHS",
            "EXACT_PREFIT_SECONDS", "RESOLVABLE_ULPS", "VALIDATION_POINTS",
            "VALIDATION_MIN_GAIN", "AUTO_PREFIT_MIN_POINTS"]
@@ -183,26 +183,19 @@ def exact_prefit_wanted(opts: dict[str, Any], num_train: int) -> bool:
     return prefit == PREFIT_EXACT or (prefit == PREFIT_AUTO and num_train > AUTO_PREFIT_MIN_POINTS)
 
 
-def takes_shared_start(method: str, options: dict[str, Any], num_train: int) -> bool:
-    """Whether ``method`` starts from a start shared between several methods (``auto``'s
-    race) on ``num_train`` rows: a method with a pre-fit rule of its own (the ``prefit``
-    option) only where that rule pre-fits those rows (:func:`exact_prefit_wanted`), so that
-    it races from the start, and at the learning rate, it has alone (below
-    :data:`AUTO_PREFIT_MIN_POINTS` CaGP-Opt trains from its defaults at its full rate, which
-    ends better than a pre-fitted start at ``prefit_max_lr``); any other method always."""
-    spec = get_spec(method)
-    if "prefit" not in {o.name for o in spec.options}:
-        return True
-    return exact_prefit_wanted(spec.resolve(dict(options)), num_train)
-
-
-def prefit_lr_cap(method: str, given: dict[str, Any], filled: dict[str, Any]) -> float | None:
-    """The learning rate training may start at, at most, after :func:`fill_prefit_options`
-    turned options ``given`` into ``filled``: the method's ``prefit_max_lr`` when the exact
-    pre-fit supplied start values (a close start that CaGP-Opt's default lr 1.0 throws away in
-    its first steps), else ``None``."""
+def prefit_lr_cap(method: str, given: dict[str, Any], filled: dict[str, Any],
+                  num_train: int) -> float | None:
+    """The learning rate training on ``num_train`` rows may start at, at most, after
+    :func:`fill_prefit_options` (or :func:`fill_start_options`) turned options ``given`` into
+    ``filled``: the method's ``prefit_max_lr`` when start values were supplied where its own
+    rule pre-fits those rows (:func:`exact_prefit_wanted`: a close start that CaGP-Opt's
+    default lr 1.0 throws away in its first steps), else ``None``. Below
+    :data:`AUTO_PREFIT_MIN_POINTS` a start shared by ``auto``'s race is trained at the full
+    rate: there CaGP-Opt's epochs are cheap, and at the capped rate it fell behind its own
+    defaults."""
     opts = get_spec(method).resolve(filled)
-    if opts.get("prefit") not in (PREFIT_AUTO, PREFIT_EXACT) or filled == given:
+    if (opts.get("prefit") not in (PREFIT_AUTO, PREFIT_EXACT) or filled == given
+            or not exact_prefit_wanted(opts, num_train)):
         return None
     return float(opts["prefit_max_lr"])
 

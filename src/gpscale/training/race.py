@@ -20,11 +20,12 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    relevant inputs first. Where the exact GP races (its likelihood fitted by L-BFGS, up to a
    few thousand rows) there is no shared start: on 128 inputs and 2,250 rows the start took
    a third of the race and every candidate, the exact GP included, ended worse from it than
-   from its own defaults. A candidate with a pre-fit rule of its own
-   (:func:`~gpscale.training.prefit.takes_shared_start`: CaGP-Opt) takes the shared start
-   only where that rule would pre-fit its rows; below, it races as it trains alone, from its
-   defaults at its full learning rate, which a pre-fitted start (trained at the capped
-   ``prefit_max_lr``) falls behind in a few hundred of its cheap epochs.
+   from its own defaults. A candidate with a pre-fit rule of its own (CaGP-Opt) trains from
+   the shared start at its capped ``prefit_max_lr`` only where that rule would pre-fit its
+   rows (:func:`~gpscale.training.prefit.prefit_lr_cap`); below, at its full learning rate,
+   as alone: its epochs are cheap there, and at the capped rate it fell behind its own
+   defaults, while from its own defaults it had not found the relevant inputs of a 12-input
+   set by the end of the first round.
 3. Successive halving: the race's share of the budget (:data:`RACE_SHARE`) is split evenly
    between ⌈log₂ k⌉ rounds, a round's time evenly between the candidates still in it; after
    each round the candidates are ranked by their held-out negative log predictive density
@@ -94,7 +95,7 @@ from gpscale.methods.options import PREFIT_OFF
 from gpscale.methods.registry import get_spec
 from gpscale.training.config import FitConfig
 from gpscale.training.harness import build_method, load_warm, train_built
-from gpscale.training.prefit import exact_prefit, takes_shared_start
+from gpscale.training.prefit import exact_prefit
 from gpscale.training.probe import inducing_probe
 
 __all__ = ["HELD_SHARE", "HELD_MIN", "HELD_MAX", "RACE_SHARE", "Runner", "RaceResult",
@@ -336,12 +337,10 @@ def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor,
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             if runner.model is None:
-                own = start if takes_shared_start(runner.key, runner.options,
-                                                  data[0].shape[0]) else None
                 runner.model, _ = build_method(runner.key, data, task="regression",
                                                num_classes=None, options=runner.options,
                                                config=config, seed=None,
-                                               device=config.torch_device, start=own)
+                                               device=config.torch_device, start=start)
             elif runner.trained is not None:  # on from where training, not calibration, left it
                 load_warm(runner.model, runner.trained)
             device = config.torch_device
