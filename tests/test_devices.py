@@ -107,8 +107,8 @@ def test_the_start_check_sees_data_where_the_model_is(monkeypatch, generator):
     monkeypatch.setattr(harness, "start_resolvable", record)
     x = torch.randn(40, 3, generator=generator)
     harness.build_method("cagp-opt", (x, x.sum(1)), task="regression", num_classes=None,
-                         options={"num_actions": 4}, config=FitConfig(dtype="float32"),
-                         seed=0, device=torch.device("meta"))
+                         options={"num_actions": 4, "prefit": "exact"},
+                         config=FitConfig(dtype="float32"), seed=0, device=torch.device("meta"))
     assert seen == [("meta", "meta", "meta")]
 
 
