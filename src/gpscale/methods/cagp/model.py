@@ -114,6 +114,11 @@ OBJECTIVES = ("elbo", "projected_nll")
 NUM_ACTIONS_CAP = 512
 """CaGP-Opt's default number of actions from 1,024 rows on (below, n/2)."""
 
+
+def _num_actions(given: int | None, num_train: int) -> int:
+    """CaGP-Opt's number of actions on ``num_train`` rows: ``given``, else its default."""
+    return default_size(given, num_train, NUM_ACTIONS_CAP, 2, "num_actions")
+
 REFRESH_EVERY = 4
 """CaGP-CG's default ``refresh_every`` (see :mod:`gpscale.methods.cagp.cg`)."""
 
@@ -180,8 +185,7 @@ class CaGP(HeldOutNoise, Method):
         if not self.rows_in_parameters:
             return super().warm_for_rows(trained, x, kept, added, options)
         layout = self.policy.layout
-        if default_size(options.get("num_actions"), x.shape[0], NUM_ACTIONS_CAP, 2,
-                        "num_actions") != layout.num_blocks:
+        if _num_actions(options.get("num_actions"), x.shape[0]) != layout.num_blocks:
             return None
         order, values = grow_blocks(x[kept], self.policy.index, trained["policy.values"],
                                     layout.num_blocks, x[added])
@@ -352,7 +356,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
         if value not in valid:
             raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
     n = _num_train(init, num_train)
-    num_actions = default_size(num_actions, n, NUM_ACTIONS_CAP, 2, "num_actions")
+    num_actions = _num_actions(num_actions, n)
     check_num_points(n, num_actions, "actions")
     pre = pop_prefit_options(prior)
     opts = prior_options(init, task, num_dims, **prior)
