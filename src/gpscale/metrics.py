@@ -27,7 +27,7 @@ from torch import Tensor
 
 __all__ = ["json_safe", "rmse", "gaussian_nll", "accuracy", "multiclass_nll", "ece",
            "coverage", "coverage_error", "poisson_nll", "covering_noise_range",
-           "COVERAGE_SLACK"]
+           "covering_scale_range", "COVERAGE_SLACK"]
 
 COVERAGE_SLACK = 0.01
 """A calibrated noise keeps the held-out rows' 95 % intervals covering 95 % ± this share of
@@ -141,8 +141,30 @@ def covering_noise_range(err2: Tensor, latent: Tensor, slack: float,
     interval exactly when σ² ≥ t_i = err2_i / z² − latent_i, so the coverage is the share of
     t_i ≤ σ²: the bounds are two order statistics of t."""
     _same_length(latent, err2)
-    z = math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(level, dtype=torch.float64)))
-    t = torch.sort(err2.double() / z**2 - latent.double()).values
+    return _covering_range(err2.double() / _z(level)**2 - latent.double(), level, slack)
+
+
+def covering_scale_range(err2: Tensor, latent: Tensor, noise: float, slack: float,
+                         level: float = 0.95) -> tuple[float, float]:
+    """(lo, hi): the factors c of the latent variance with which the central ``level``
+    intervals of N(mean, c · latent + σ²) (σ² = ``noise``) cover ``level`` ± ``slack`` of the
+    rows whose squared errors are ``err2``; as :func:`covering_noise_range`, row i is inside
+    exactly when c ≥ t_i = (err2_i / z² − σ²) / latent_i (−∞ or +∞ where latent_i is 0)."""
+    _same_length(latent, err2)
+    need = err2.double() / _z(level)**2 - float(noise)
+    latent = latent.double()
+    t = torch.where(latent > 0, need / latent.clamp_min(1e-300),
+                    torch.where(need <= 0, -math.inf, math.inf))
+    return _covering_range(t, level, slack)
+
+
+def _z(level: float) -> float:
+    return math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(level, dtype=torch.float64)))
+
+
+def _covering_range(t: Tensor, level: float, slack: float) -> tuple[float, float]:
+    """(lo, hi) of the values v for which the share of ``t`` ≤ v is ``level`` ± ``slack``."""
+    t = torch.sort(t).values
     n = t.numel()
     low = min(max(math.ceil((level - slack) * n), 1), n)
     high = math.floor((level + slack) * n)

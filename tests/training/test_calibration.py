@@ -120,13 +120,18 @@ def test_the_bound_keys_calibrate_the_noise_on_held_out_rows(key, options):
 
 
 def test_cagp_opt_trains_on_every_row():
-    """CaGP-Opt's learned actions belong to the rows they were learned on: no rows held out."""
+    """CaGP-Opt's learned actions belong to the rows they were learned on: no rows held out of
+    training; its predictive variance is calibrated after it, on rows left out of the
+    posterior (tests/methods/cagp/test_variance_calibration.py)."""
     x, y = _field(1_500, seed=6)
     trained = train_method("cagp-opt", (x, y), task="regression", num_classes=None,
                            options={"num_actions": 8}, seed=0,
                            config=FitConfig(epochs=1, lr=0.01, eval_every=1, progress=False))
     assert not trained.model.heldout_noise
-    assert "heldout_rows" not in trained.history.rows[-1]
+    last = trained.history.rows[-1]
+    assert "heldout_rows" not in last
+    assert last["left_out_rows"] == 150
+    assert float(trained.model.variance_scale) == last["variance_scale"]
 
 
 def test_a_run_whose_test_rows_contradict_its_intervals_warns(tmp_path):

@@ -6,18 +6,20 @@ conditions on k projections Sᵀy of the data (actions S, n × k) and counts the
 limited computation as uncertainty; an ELBO chooses the kernel hyperparameters and, in
 CaGP-Opt, the block-sparse actions themselves (CaGP-CG takes CG's residuals).
 
-==============  ================================================================================
-``model``       :class:`CaGP`, the posterior and losses, the two factories and the
-                registration of their keys
-``state``       :class:`CaGPState` and the float64 Gram pieces both losses share
-``actions``     operations on the actions, dense or block-sparse: float64 copies, SᵀS and K S
-``cg``          what makes CaGP-CG affordable (a cached kernel matrix for CG, actions recycled
-                between steps) and Alg. S1 one action at a time
-``pipeline``    what the pipeline needs beside the options: training defaults per preset, the
-                exact-GP pre-fit (and CaGP-CG's check of its start), small test options
-``sharded``     CaGP-Opt's ELBO from per-rank pieces for data-parallel training
-                (:meth:`CaGP.shard_plan`)
-==============  ================================================================================
+===============  ===============================================================================
+``model``        :class:`CaGP`, the posterior and losses, the two factories and the
+                 registration of their keys
+``state``        :class:`CaGPState` and the float64 Gram pieces both losses share
+``actions``      operations on the actions, dense or block-sparse: float64 copies, SᵀS and K S
+``cg``           what makes CaGP-CG affordable (a cached kernel matrix for CG, actions recycled
+                 between steps) and Alg. S1 one action at a time
+``pipeline``     what the pipeline needs beside the options: training defaults per preset, the
+                 exact-GP pre-fit (and CaGP-CG's check of its start), small test options
+``sharded``      CaGP-Opt's ELBO from per-rank pieces for data-parallel training
+                 (:meth:`CaGP.shard_plan`)
+``calibration``  CaGP-Opt's predictive variance, calibrated after training on rows left out of
+                 its posterior (:meth:`CaGP.finalize`)
+===============  ===============================================================================
 
 Importing the package registers ``cagp-opt`` and ``cagp-cg``.
 """

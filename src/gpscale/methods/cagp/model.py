@@ -92,6 +92,7 @@ from gpscale.methods._common import (
 )
 from gpscale.methods.base import Method, ShardPlan, as_dtype, predict_in_chunks
 from gpscale.methods.cagp.actions import action_gram, kernel_times, upcast_actions
+from gpscale.methods.cagp.calibration import CALIBRATIONS, calibrate_scale, unit_scale_if_absent
 from gpscale.methods.cagp.cg import KernelOperator, cg_action_cap, recycling_loss
 from gpscale.methods.cagp.pipeline import PIPELINE
 from gpscale.methods.cagp.sharded import sharded_plan
@@ -160,6 +161,10 @@ class CaGP(HeldOutNoise, Method):
         self.mean, self.kernel, self.likelihood = mean, kernel, likelihood
         self.policy, self.objective, self.num_dims = policy, objective, num_dims
         self.chunk_size, self.backend = chunk_size, backend
+        # CaGP-Opt's factors of the predictive's variance, fitted after training (.calibration)
+        for name in ("variance_scale", "noise_scale"):
+            self.register_buffer(name, torch.ones((), dtype=torch.float64))
+        self.register_load_state_dict_pre_hook(unit_scale_if_absent)
 
     @property
     def heldout_noise(self) -> bool:
@@ -169,6 +174,16 @@ class CaGP(HeldOutNoise, Method):
         return not isinstance(self.policy, LearnedBlockSparsePolicy)
 
     computational_variance = True
+
+    def finalize(self, x: Tensor, y: Tensor, reduce: Callable[[Tensor], Tensor] | None = None,
+                 held: Any = None) -> dict[str, Any] | None:
+        """CaGP-Opt (``calibrate='heldout'``, one process): the factors of the predictive's
+        latent variance and noise fitted on rows left out of the posterior
+        (:mod:`gpscale.methods.cagp.calibration`)."""
+        if not self.rows_in_parameters or self.options.get("calibrate") != "heldout":
+            return None
+        return calibrate_scale(self, x, y, seed=int(self.options.get("seed", 0)),
+                               sharded=reduce is not None)
 
     @property
     def rows_in_parameters(self) -> bool:
@@ -315,15 +330,16 @@ class CaGP(HeldOutNoise, Method):
             W = torch.linalg.solve_triangular(state.cholesky, upcast(K_S).mT, upper=False)
             variance = kernel_diag(self.kernel, xk) - as_dtype(W.square().sum(0), K_S)  # line 8
             # Rounding can push K_i(x, x) ≥ 0 slightly below zero when it is nearly 0.
-            return Predictive(as_dtype(mean, xc), as_dtype(variance.clamp_min(0.0), xc),
-                              noise=state.noise)
+            variance = variance.clamp_min(0.0) * as_dtype(self.variance_scale, variance)
+            noise = state.noise * as_dtype(self.noise_scale, state.noise)
+            return Predictive(as_dtype(mean, xc), as_dtype(variance, xc), noise=noise)
 
         return predict_in_chunks(chunk, x_test, chunk_size)
 
 
 def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
                    init: tuple[Tensor, Tensor] | None = None, num_actions: int | None = None,
-                   action_init: str = "random", blocks: str = "local",
+                   action_init: str = "random", blocks: str = "local", calibrate: str = "heldout",
                    num_train: int | None = None, seed: int = 0, objective: str = "elbo",
                    chunk_size: int | None = None, backend: str = "auto", **prior: Any) -> CaGP:
     """Factory of ``cagp-opt``: learned block-sparse actions (see :mod:`gpscale.methods.registry`).
@@ -338,6 +354,9 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
         action_init: ``'random'``, ``'targets'`` or ``'eigen'`` (see ``initial_values``).
         blocks: ``'local'`` (cells of the inputs, :func:`~gpscale.linalg.policies.block_sparse.
             local_assignment` of ``init``) or ``'random'`` (the authors' code: random subsets).
+        calibrate: ``'heldout'`` (the predictive's latent variance and noise scaled by factors
+            fitted after training on rows left out of the posterior,
+            :mod:`gpscale.methods.cagp.calibration`) or ``'off'``.
         num_train: n; required when ``init`` is None, else taken from ``init``.
         seed: seeds the block assignment and the random action entries.
         objective: ``'elbo'`` or ``'projected_nll'``.
@@ -352,7 +371,8 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
     """
     check_task_and_init("cagp-opt", task, ("regression",), num_dims, init)
     for name, value, valid in (("action_init", action_init, ACTION_INITS),
-                               ("blocks", blocks, BLOCK_ASSIGNMENTS)):
+                               ("blocks", blocks, BLOCK_ASSIGNMENTS),
+                               ("calibrate", calibrate, CALIBRATIONS)):
         if value not in valid:
             raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
     n = _num_train(init, num_train)
@@ -367,7 +387,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
     model = CaGP(mean, kernel, gaussian_likelihood(opts["noise"]), policy, objective=objective,
                  num_dims=num_dims, chunk_size=chunk_size, backend=backend,
                  options={"num_actions": num_actions, "action_init": action_init,
-                          "blocks": blocks, "num_train": n, "seed": seed,
+                          "blocks": blocks, "calibrate": calibrate, "num_train": n, "seed": seed,
                           "objective": objective, "chunk_size": chunk_size, "backend": backend,
                           **pre, **opts})
     model = follow_init(model, init)
@@ -450,6 +470,9 @@ register(MethodSpec(
         Option("action_init", "str", "random", "initial action entries", choices=ACTION_INITS),
         Option("blocks", "str", "local", "an action's block: local (a cell of the inputs) or "
                "random (the paper's code)", choices=BLOCK_ASSIGNMENTS),
+        Option("calibrate", "str", "heldout", "intervals: the latent variance and noise scaled "
+               "by factors fitted on a tenth of the rows left out of the posterior (heldout), "
+               "or the ELBO's, as the paper (off)", choices=CALIBRATIONS),
         Option("seed", "int", 0, "seeds the block assignment and the random action entries"),
         _OBJECTIVE, *KERNEL_PRODUCT_OPTIONS, *PRIOR_OPTIONS, *PREFIT_OPTIONS,
         Option("num_train", "int", None, "number of training points n", minimum=1,
