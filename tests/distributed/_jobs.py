@@ -7,8 +7,15 @@ import signal
 import time
 
 import torch
+import torch.distributed as dist
 
-from gpscale.distributed import all_gather_rows, all_reduce_sum, current, shard_range
+from gpscale.distributed import (
+    all_gather_rows,
+    all_reduce_sum,
+    broadcast_module,
+    current,
+    shard_range,
+)
 from gpscale.distributed.env import DistEnv
 from gpscale.distributed.reduce import check_replicated, reduce_gradients
 from gpscale.errors import SavedFileError
@@ -17,7 +24,9 @@ from gpscale.methods.baselines import svgp  # noqa: F401  (registers svgp)
 from gpscale.methods.cagp import sharded as dcagp
 from gpscale.methods.ski import sharded as dggp
 from gpscale.training import FitConfig, fit
+from gpscale.training.harness import load_warm
 from gpscale.training.parallel import DataParallel
+from gpscale.training.race import warm_parameters
 
 torch.set_default_dtype(torch.float64)  # as conftest.py does in the parent process
 
@@ -78,6 +87,30 @@ def cagp_job(n: int, epochs: int) -> dict:
     out.update(history=history.column("loss"), params=params(model),
                spread=check_replicated(model))
     return out
+
+
+def grown_cagp_job(n: int, kept: int) -> dict:
+    """``auto``'s hand-over under ``--nproc``: rank 0 holds a race's CaGP-Opt on the first
+    ``kept`` of ``n`` rows and grows its actions to every row; the dict reaches the other rank
+    as the race's choice does (an object broadcast); each rank starts a model on every row
+    from it, the parameters and buffers are broadcast as before training, and one sharded loss
+    and prediction follow."""
+    x_full, y_full, x_test = data(n)
+    box: list = [None]
+    if current().rank == 0:
+        race = cagp_model(x_full[:kept], y_full[:kept])
+        box = [race.warm_for_rows(warm_parameters(race), x_full, torch.arange(kept),
+                                  torch.arange(kept, n), race.options)]
+    dist.broadcast_object_list(box, 0)
+    model = cagp_model(x_full, y_full)
+    load_warm(model, box[0])
+    broadcast_module(model)
+    start, x, y = _shard(n, x_full, y_full)
+    state = dcagp.condition(model, all_gather_rows(x), x, y, start)
+    with torch.no_grad():
+        pred = dcagp.predict(model, state, x_test)
+    return {"warm": box[0], "index": model.policy.index.clone(),
+            "loss": float(dcagp.loss(model, state).detach()), "pred": (pred.mean, pred.variance)}
 
 
 def svgp_job(n: int, batch_size: int, epochs: int) -> dict:

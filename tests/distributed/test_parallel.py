@@ -15,6 +15,7 @@ import torch
 from gpscale.cli.__main__ import main
 from gpscale.distributed import DistributedError, launch
 from gpscale.training import FitConfig, fit
+from gpscale.training.harness import load_warm
 
 from . import _jobs
 
@@ -60,6 +61,31 @@ def test_cagp_opt_two_ranks_equal_one_process(ranks):
         assert r["spread"] == 0.0  # parameters bitwise identical across ranks
         assert r["history"] == pytest.approx(history.column("loss"), rel=1e-9)
         _close(r["params"], _jobs.params(model))
+
+
+@pytest.mark.slow
+def test_grown_cagp_opt_actions_reach_both_ranks():
+    """``auto``'s CaGP-Opt winner under --nproc 2: the actions rank 0 grew from the race's rows
+    to every row reach both ranks with their block order, and the sharded model started from
+    them has the one-process loss and prediction, which is the race model's prediction (the
+    added rows' entries are zero)."""
+    n, kept = 150, 118
+    ranks = launch(_jobs.grown_cagp_job, (n, kept), nproc=2, timeout=60)
+    x, y, x_test = _jobs.data(n)
+    warm = ranks[0]["warm"]
+    model = _jobs.cagp_model(x, y)
+    assert "policy.index" in load_warm(model, warm)
+    race = _jobs.cagp_model(x[:kept], y[:kept])
+    with torch.no_grad():
+        state = model.condition(x, y)
+        loss, pred = float(model.loss(state)), model.predict(state, x_test)
+        before = race.predict(race.condition(x[:kept], y[:kept]), x_test)
+    torch.testing.assert_close(pred.mean, before.mean, **TOL)
+    for r in ranks:
+        assert torch.equal(r["index"], warm["policy.index"])
+        assert r["loss"] == pytest.approx(loss, rel=1e-10)
+        torch.testing.assert_close(r["pred"][0], pred.mean, **TOL)
+        torch.testing.assert_close(r["pred"][1], pred.variance, **TOL)
 
 
 def test_svgp_minibatch_two_ranks_equal_global_batch(ranks):
