@@ -175,9 +175,12 @@ def prior_modules(num_dims: int, opts: dict[str, Any], batch_shape: torch.Size |
 
 
 def gaussian_likelihood(noise: float) -> gpytorch.likelihoods.GaussianLikelihood:
-    """GPyTorch's homoscedastic Gaussian likelihood with noise variance ``noise`` (σ² ≥ 1e-4)."""
+    """GPyTorch's homoscedastic Gaussian likelihood with noise variance ``noise`` (σ² ≥ 1e-4),
+    set as :func:`set_gaussian_noise` does: a start at the bound itself (a pre-fit that ended
+    there) would make the raw parameter −∞, which no optimiser step moves and no saved model
+    loads with."""
     likelihood = gpytorch.likelihoods.GaussianLikelihood()
-    likelihood.initialize(noise=noise)
+    set_gaussian_noise(likelihood, noise)
     return likelihood
 
 

@@ -12,6 +12,7 @@ import torch
 from gpscale.linalg.operators.block_sparse import BlockLayout, BlockSparseActions
 from gpscale.methods.cagp import calibration
 from gpscale.metrics import covering_scale_range
+from gpscale.training import FitConfig, fit
 
 from ._dense import TOL, Dense, opt_model, toy_data
 
@@ -61,6 +62,43 @@ def test_zeroed_entries_leave_their_rows_out_of_the_posterior():
     torch.testing.assert_close(pred.variance, var, **TOL)
 
 
+def test_left_out_rows_are_predicted_by_the_fixed_point_with_whole_actions():
+    """``left_out_predictive`` against dense float64: r̂_H = (I − A_HH)⁻¹ A_HT r_T with
+    A = K_HX C, C = S (SᵀK̂S)⁻¹ Sᵀ, and its latent variance k_hh − 2 B K_Th + B K̂_TT Bᵀ for
+    B = (I − A_HH)⁻¹ A_HT."""
+    x, y = toy_data(80, seed=3)
+    model = opt_model(x, y, 16)
+    positions = calibration.held_rows(model.policy.layout, 20, seed=1)
+    err2, latent, noise = calibration.left_out_predictive(model, x, y, positions)
+    rows = model.policy.index[positions]
+    kept = torch.ones(80, dtype=torch.bool)
+    kept[rows] = False
+    dense = Dense(model, x, y)
+    S = model.policy().to_dense()
+    A = dense.K[rows] @ dense.C(S)
+    B = torch.linalg.solve(torch.eye(20, dtype=torch.float64) - A[:, rows], A[:, kept])
+    r_hat = B @ dense.r[kept]
+    var = (dense.K.diagonal()[rows] - 2 * (B * dense.K[rows][:, kept]).sum(1)
+           + (B @ dense.Kh[kept][:, kept] * B).sum(1))
+    torch.testing.assert_close(err2, (dense.r[rows] - r_hat).square(), **TOL)
+    torch.testing.assert_close(latent, var, **TOL)
+    assert noise == pytest.approx(dense.noise)
+
+
+def test_for_the_exact_gp_the_fixed_point_is_the_leave_out_posterior():
+    """The module's claim, in dense float64: with S = I (A = K K̂⁻¹) the fixed point's weights
+    B are the exact GP's on the other rows, K_HT K̂_TT⁻¹, and so its variance is theirs."""
+    x, y = toy_data(40, seed=5)
+    dense = Dense(opt_model(x, y, 4), x, y)
+    held = torch.zeros(40, dtype=torch.bool)
+    held[::7] = True
+    A = dense.K[held] @ torch.linalg.inv(dense.Kh)
+    B = torch.linalg.solve(torch.eye(int(held.sum()), dtype=torch.float64) - A[:, held],
+                           A[:, ~held])
+    exact = dense.K[held][:, ~held] @ torch.linalg.inv(dense.Kh[~held][:, ~held])
+    torch.testing.assert_close(B, exact, **TOL)
+
+
 @pytest.mark.parametrize(("true_scale", "true_factor"), [(0.02, 1.0), (1.0, 0.2), (30.0, 3.0)])
 def test_the_factors_found_are_those_the_errors_have(true_scale, true_factor):
     """Errors drawn with variance c₀ · latent + b₀ · σ² (latents spread over two decades, so
@@ -102,12 +140,17 @@ def test_where_the_latent_factor_cannot_reach_the_coverage_the_noise_moves():
     assert abs(_share_inside(err2, latent, factor * 1e-4, scale) - 0.95) <= 0.01 + 1 / 2000
 
 
-def _trained(n=1200, noise=1e-4, seed=0, **kw):
+def _trained(n=1200, noise=1e-4, seed=0, epochs=100, **kw):
+    """CaGP-Opt with 40 actions trained for ``epochs`` on a smooth 2-D function plus noise of
+    variance ``noise`` (the calibration is for trained actions: random ones predict new rows
+    otherwise than rows of their own blocks)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(n, 2, generator=g, dtype=torch.float64)
     y = torch.sin(5 * x[:, 0]) * torch.cos(3 * x[:, 1]) + math.sqrt(noise) * torch.randn(
         n, generator=g, dtype=torch.float64)
     model = opt_model(x, y, 40, lengthscale=0.3, outputscale=1.0, noise=noise, **kw)
+    if epochs:
+        fit(model, None, (x, y), FitConfig(epochs=epochs, lr=0.05, progress=False))
     return model, x, y
 
 
@@ -132,13 +175,14 @@ def test_finalize_scales_the_predictive_variance_not_the_mean():
 
 
 def test_a_near_noiseless_fit_gets_narrower_intervals_that_cover_new_rows():
-    """Near-noiseless data, 40 actions on 1,200 rows: the uncalibrated intervals cover almost
-    every new row; the calibrated ones, fitted on left-out training rows, cover 95 % ± 3 % of
-    2,000 new rows and give them a lower negative log density."""
+    """Near-noiseless data, 40 trained actions on 1,200 rows: the uncalibrated intervals cover
+    almost every new row; the calibrated ones, fitted on training rows predicted from the
+    others, cover 95 % ± 3 % of 2,000 new rows and give them a lower negative log density."""
     model, x, y = _trained(noise=1e-4)
     g = torch.Generator().manual_seed(9)
     x_new = torch.rand(2000, 2, generator=g, dtype=torch.float64)
-    y_new = torch.sin(5 * x_new[:, 0]) * torch.cos(3 * x_new[:, 1])
+    y_new = torch.sin(5 * x_new[:, 0]) * torch.cos(3 * x_new[:, 1]) + 1e-2 * torch.randn(
+        2000, generator=g, dtype=torch.float64)  # the training rows' noise
     with torch.no_grad():
         plain = model.predict(model.condition(x, y), x_new)
         model.finalize(x, y)
