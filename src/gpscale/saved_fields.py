@@ -76,15 +76,32 @@ def check_model_fields(model: Any) -> None:
 
 
 def check_parameters(module: nn.Module) -> None:
-    """Every parameter finite and no buffer NaN (constraint bounds may be infinite)."""
+    """Every parameter finite, and no buffer NaN (constraint bounds may be infinite). A GPyTorch
+    raw parameter may be −∞ where its constraint maps that to a positive bound: a noise
+    variance started at its floor (a pre-fit that ended there) has the raw value −∞."""
     for name, p in module.named_parameters():
-        if not bool(torch.isfinite(p.detach()).all()):
+        if not _usable(module, name, p.detach()):
             raise FieldError(f"its parameter {name!r} holds NaN or inf: a model with "
                              "non-finite parameters cannot predict (train it again)")
     for name, b in module.named_buffers():
         if b.is_floating_point() and bool(torch.isnan(b).any()):
             raise FieldError(f"its buffer {name!r} holds NaN (edited, or written by another "
                              "program?)")
+
+
+def _usable(module: nn.Module, name: str, value: Tensor) -> bool:
+    """Every entry finite, or infinite in a GPyTorch raw parameter whose constraint
+    (``raw_x`` → ``raw_x_constraint``) maps it to a finite positive bound."""
+    finite = torch.isfinite(value)
+    if bool(finite.all()):
+        return True
+    owner, _, attr = name.rpartition(".")
+    constraint = getattr(module.get_submodule(owner), attr + "_constraint", None)
+    transform = getattr(constraint, "transform", None)
+    if transform is None or bool(torch.isnan(value).any()):
+        return False
+    used = transform(value)
+    return bool((finite | (torch.isfinite(used) & (used > 0))).all())
 
 
 INFO_FIELDS = {  # field: (test, what it must be); each may also be missing or None

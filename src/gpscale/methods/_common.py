@@ -175,12 +175,9 @@ def prior_modules(num_dims: int, opts: dict[str, Any], batch_shape: torch.Size |
 
 
 def gaussian_likelihood(noise: float) -> gpytorch.likelihoods.GaussianLikelihood:
-    """GPyTorch's homoscedastic Gaussian likelihood with noise variance ``noise`` (σ² ≥ 1e-4),
-    set as :func:`set_gaussian_noise` does: a start at the bound itself (a pre-fit that ended
-    there) would make the raw parameter −∞, which no optimiser step moves and no saved model
-    loads with."""
+    """GPyTorch's homoscedastic Gaussian likelihood with noise variance ``noise`` (σ² ≥ 1e-4)."""
     likelihood = gpytorch.likelihoods.GaussianLikelihood()
-    set_gaussian_noise(likelihood, noise)
+    likelihood.initialize(noise=noise)
     return likelihood
 
 
