@@ -187,7 +187,7 @@ def calibrate_scale(model: Any, x: Tensor, y: Tensor, seed: int = 0,
         warnings.warn(f"cagp-opt: the predictive variance is not calibrated ({err}); its "
                       "intervals are the ELBO's", CalibrationWarning, stacklevel=3)
         return None
-    rows = positions
+    count = positions.numel()
     scale, factor = fit_factors(err2, latent, noise)
     before = _coverage(err2, latent + noise)
     after = _coverage(err2, scale * latent + factor * noise)
@@ -195,15 +195,15 @@ def calibrate_scale(model: Any, x: Tensor, y: Tensor, seed: int = 0,
     model.noise_scale.fill_(factor)
     log.info("cagp-opt: latent variance x %.3g, noise x %.3g on %d training rows predicted "
              "from the others (95%% intervals covered %.1f%% of them, now %.1f%%)", scale, factor,
-             rows.numel(), 100 * before, 100 * after)
+             count, 100 * before, 100 * after)
     if abs(after - LEVEL) > 2.5 * COVERAGE_SLACK:
         warnings.warn(f"cagp-opt: with its latent variance x {scale:.3g} and noise x "
                       f"{factor:.3g} (the ends of the range searched) the 95% intervals cover "
-                      f"{100 * after:.1f}% of the {rows.numel():,} training rows predicted "
+                      f"{100 * after:.1f}% of the {count:,} training rows predicted "
                       "from the others; treat the intervals with care", CalibrationWarning,
                       stacklevel=3)
     return {"variance_scale": scale, "noise_scale": factor, "left_out_coverage_trained": before,
-            "left_out_coverage": after, "left_out_rows": float(rows.numel())}
+            "left_out_coverage": after, "left_out_rows": float(count)}
 
 
 def unit_scale_if_absent(module: Any, state_dict: dict[str, Any], prefix: str, *args) -> None:
