@@ -17,8 +17,8 @@ CaGP-Opt, the block-sparse actions themselves (CaGP-CG takes CG's residuals).
                  exact-GP pre-fit (and CaGP-CG's check of its start), small test options
 ``sharded``      CaGP-Opt's ELBO from per-rank pieces for data-parallel training
                  (:meth:`CaGP.shard_plan`)
-``calibration``  CaGP-Opt's predictive variance, calibrated after training on rows left out of
-                 its posterior (:meth:`CaGP.finalize`)
+``calibration``  CaGP-Opt's predictive variance, calibrated after training on training rows
+                 predicted from the others (:meth:`CaGP.finalize`)
 ===============  ===============================================================================
 
 Importing the package registers ``cagp-opt`` and ``cagp-cg``.

@@ -178,7 +178,7 @@ class CaGP(HeldOutNoise, Method):
     def finalize(self, x: Tensor, y: Tensor, reduce: Callable[[Tensor], Tensor] | None = None,
                  held: Any = None) -> dict[str, Any] | None:
         """CaGP-Opt (``calibrate='heldout'``, one process): the factors of the predictive's
-        latent variance and noise fitted on rows left out of the posterior
+        latent variance and noise fitted on training rows predicted from the others
         (:mod:`gpscale.methods.cagp.calibration`)."""
         if not self.rows_in_parameters or self.options.get("calibrate") != "heldout":
             return None
@@ -355,7 +355,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
         blocks: ``'local'`` (cells of the inputs, :func:`~gpscale.linalg.policies.block_sparse.
             local_assignment` of ``init``) or ``'random'`` (the authors' code: random subsets).
         calibrate: ``'heldout'`` (the predictive's latent variance and noise scaled by factors
-            fitted after training on rows left out of the posterior,
+            fitted after training on training rows predicted from the others,
             :mod:`gpscale.methods.cagp.calibration`) or ``'off'``.
         num_train: n; required when ``init`` is None, else taken from ``init``.
         seed: seeds the block assignment and the random action entries.
@@ -471,7 +471,7 @@ register(MethodSpec(
         Option("blocks", "str", "local", "an action's block: local (a cell of the inputs) or "
                "random (the paper's code)", choices=BLOCK_ASSIGNMENTS),
         Option("calibrate", "str", "heldout", "intervals: the latent variance and noise scaled "
-               "by factors fitted on a tenth of the rows left out of the posterior (heldout), "
+               "by factors fitted on a tenth of the rows, predicted from the others (heldout), "
                "or the ELBO's, as the paper (off)", choices=CALIBRATIONS),
         Option("seed", "int", 0, "seeds the block assignment and the random action entries"),
         _OBJECTIVE, *KERNEL_PRODUCT_OPTIONS, *PRIOR_OPTIONS, *PREFIT_OPTIONS,
