@@ -14,7 +14,6 @@ import torch
 
 from gpscale import GPRegressor
 from gpscale.cli.__main__ import main
-from gpscale.distributions import Predictive
 from gpscale.methods import build
 from gpscale.methods.auto import race_candidates, split_mode
 from gpscale.methods.options import OptionError
@@ -272,7 +271,7 @@ def test_a_method_with_its_own_prefit_rule_races_at_the_rate_it_has_alone(monkey
 
     def rigged(runner, *args, **kwargs):  # CaGP-Opt wins
         real_slice(runner, *args, **kwargs)
-        runner.nll = runner.scaled_nll = 0.0 if runner.key == "cagp-opt" else 1.0
+        runner.nll = 0.0 if runner.key == "cagp-opt" else 1.0
 
     monkeypatch.setattr(racing, "_run_slice", rigged)
     x, y = _data(1_300, 3)
@@ -434,7 +433,7 @@ def test_a_winner_with_parameters_per_row_starts_from_them_grown_to_every_row(mo
 
     def rigged(runner, *args, **kwargs):  # the real slice, then the favourite ranked first
         real(runner, *args, **kwargs)
-        runner.nll = runner.scaled_nll = 0.0 if runner.key == favourite["key"] else 1.0
+        runner.nll = 0.0 if runner.key == favourite["key"] else 1.0
 
     monkeypatch.setattr(racing, "_run_slice", rigged)
     for key, n in (("cagp-opt", 700), ("cagp-opt", 1_300), ("svgp", 700)):
@@ -518,41 +517,19 @@ def test_a_failed_run_from_its_own_start_keeps_the_warm_one(monkeypatch, caplog)
     assert min(kept.history.column("loss")) == min(warm_only.history.column("loss"))
 
 
-def test_the_scaled_nll_judges_the_mean_and_the_intervals_shape_not_their_scale():
-    """A candidate with computational uncertainty is ranked by the held-out NLL with its
-    variance times its best factor: unchanged by a constant factor on the variance, the plain
-    NLL where the scale already fits, so with the better mean but intervals too wide by a
-    constant (CaGP-Opt's early in training) it ranks first; any other by its plain NLL."""
-    g = torch.Generator().manual_seed(0)
-    y = torch.randn(4_000, dtype=torch.float64, generator=g)
-    shape = 0.5 + torch.rand(4_000, dtype=torch.float64, generator=g)
-    mean = y + 0.1 * shape.sqrt() * torch.randn(4_000, dtype=torch.float64, generator=g)
-    fitted = Predictive(mean, 0.01 * shape, noise=torch.tensor(0.0, dtype=torch.float64))
-    c = float(((y - mean).square() / (0.01 * shape)).mean())
-    at_fit = Predictive(mean, 0.01 * c * shape, noise=torch.tensor(0.0, dtype=torch.float64))
-    assert racing.scaled_nll(at_fit, y) == pytest.approx(at_fit.nll(y), rel=1e-12)
-    for factor in (1e-3, 1.0, 25.0):
-        wide = Predictive(mean, factor * 0.01 * shape, noise=torch.tensor(0.0, dtype=torch.float64))
-        assert racing.scaled_nll(wide, y) == pytest.approx(racing.scaled_nll(fitted, y), rel=1e-12)
-    # a worse mean with well-scaled intervals against the better mean with intervals 30x wide
-    worse = y + 0.2 * torch.randn(4_000, dtype=torch.float64, generator=g)
-    calibrated = Predictive(worse, torch.full_like(y, 0.04), noise=torch.tensor(0.0).double())
-    too_wide = Predictive(mean, 0.3 * shape, noise=torch.tensor(0.0, dtype=torch.float64))
-    assert too_wide.nll(y) > calibrated.nll(y)  # the plain NLL prefers the calibrated one
-    a = racing.Runner("a", {}, nll=calibrated.nll(y), scaled_nll=racing.scaled_nll(calibrated, y))
-    b = racing.Runner("b", {}, nll=too_wide.nll(y), scaled_nll=racing.scaled_nll(too_wide, y),
-                      fitted_scale=True)
-    assert min([a, b], key=lambda r: r.judged).key == "b"
-    assert "at a fitted scale" in b.describe() and "at a fitted scale" not in a.describe()
-    plain = replace(b, fitted_scale=False)  # without computational uncertainty: its plain NLL
-    assert min([a, plain], key=lambda r: r.judged).key == "a"
-    failed = racing.Runner("c", {}, scaled_nll=-5.0, fitted_scale=True)  # no finite NLL
-    assert failed.judged == math.inf
-
-
-def test_cagp_opt_declares_computational_variance_and_svgp_does_not():
-    x, y = _data(300, 2)
-    for key, declared in (("cagp-opt", True), ("cagp-cg", True), ("svgp", False),
-                          ("softki", False)):
-        model = build(key, 2, init=(x.float(), y.float()), **SMALL_OPTIONS.get(key, {}))
-        assert model.computational_variance is declared, key
+def test_cagp_opt_is_judged_by_the_intervals_its_final_run_delivers():
+    """A CaGP-Opt slice on 1,300 rows calibrates its predictive as its final run does, and the
+    race scores that predictive: the runner's NLL is the held-out NLL of the calibrated model,
+    its variance factor is not 1, and the reason line carries one NLL."""
+    x, y = _data(1_500, 3)
+    train_rows, held_rows = racing.held_out_split(x.shape[0], 0)
+    assert len(train_rows) >= 1_000  # where CaGP-Opt calibrates
+    runner = racing.Runner("cagp-opt", {**SMALL_OPTIONS["cagp-opt"]})
+    racing._run_slice(runner, (x[train_rows], y[train_rows]), (x[held_rows], y[held_rows]),
+                      lambda key: replace(_config(key), dtype="float64"), 60.0, 5, 0)
+    model = runner.model
+    assert runner.failure is None and float(model.variance_scale) != 1.0
+    with torch.no_grad():
+        pred = model.predict(model.posterior(x[train_rows], y[train_rows]), x[held_rows])
+    assert runner.nll == pytest.approx(pred.nll(y[held_rows]), rel=1e-9)
+    assert runner.judged == runner.nll and runner.describe().count("NLL") == 1

@@ -99,11 +99,10 @@ class Method(nn.Module, ABC):
     """Some trained parameters belong to individual training rows (CaGP-Opt's learned
     actions): a model built on more rows starts from them only as :meth:`warm_for_rows`
     carries them over."""
-    computational_variance: ClassVar[bool] = False
-    """The predictive variance includes computational uncertainty (CaGP: the error of solving
-    with a few actions), which training the actions shrinks: ``auto``'s race judges such a
-    candidate by its held-out NLL at a fitted variance scale
-    (:func:`gpscale.training.race.scaled_nll`)."""
+    finalize_reads_posterior: ClassVar[bool] = False
+    """:meth:`finalize` reads the posterior on the training rows and leaves it valid (it changes
+    only how the model predicts from it): the harness conditions first, hands that state over
+    as ``finalize(..., state=...)`` and keeps it instead of conditioning again."""
     max_start_lr: float | None = None
     """The largest learning rate training may start at, or ``None`` (the default): no cap. The
     harness sets it on a model built from pre-fitted start values (the ``prefit_max_lr``

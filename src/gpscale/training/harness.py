@@ -164,13 +164,18 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
         history, state = condition_only(model, train, callbacks)
     if on_trained is not None:
         on_trained(model)
+    handed = model.finalize_reads_posterior and condition and not calibrating
+    if handed and state is None:
+        state = _condition(model, x, y)
     with torch.no_grad():
         changed = model.finalize(x, y, None if parallel is None else parallel.all_reduce,
-                                 **({} if split is None else {"held": split}))
+                                 **({} if split is None else {"held": split}),
+                                 **({"state": state} if handed else {}))
     if changed:  # e.g. {"noise_calibrated": 0.012}: recorded with the last epoch
         if history.rows:
             history.rows[-1].update(changed)
-        state = None
+        if not handed:
+            state = None
     if calibrating:
         model.eval()
         with torch.no_grad():
@@ -178,14 +183,20 @@ def train_built(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,
         if history.rows:
             history.rows[-1].update(changed)
     if state is None and condition:
-        model.eval()
-
-        def posterior(device: torch.device):
-            with torch.no_grad():
-                return model.posterior(x.to(device), y.to(device))
-
-        state = on_cpu_after_oom(posterior, model, "conditioning the trained model")
+        state = _condition(model, x, y)
     return history, state
+
+
+def _condition(model: Method, x: Tensor, y: Tensor) -> Any:
+    """``model``'s posterior on ``x``, ``y`` in eval mode (on the CPU after an out-of-memory
+    error on the device)."""
+    model.eval()
+
+    def posterior(device: torch.device):
+        with torch.no_grad():
+            return model.posterior(x.to(device), y.to(device))
+
+    return on_cpu_after_oom(posterior, model, "conditioning the trained model")
 
 
 def _holdout(model: Method, train: tuple[Tensor, Tensor], config: FitConfig,

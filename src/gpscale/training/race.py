@@ -30,18 +30,13 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    between ⌈log₂ k⌉ rounds, a round's time evenly between the candidates still in it; after
    each round the candidates are ranked by their held-out negative log predictive density
    (NLL, the quantity that judges mean and intervals together) and the better half goes on,
-   training on from where its optimiser stopped: the noise and scale a method calibrates on
-   held-out rows for prediction (SoftKI rescales its outputscale) are scored, then set back
-   to their trained values, which the training loss moves on from smoothly. A candidate
-   whose variance includes computational uncertainty
-   (:attr:`~gpscale.methods.base.Method.computational_variance`: CaGP-Opt) is judged with its
-   variance times the one factor that fits the held-out rows best (:func:`scaled_nll`): early
-   in its training its intervals are wide by the error of its untrained actions, which its
-   training removes, so its plain held-out NLL can rise while its RMSE falls and rank it
-   behind a method that ends far worse. Every other candidate keeps its plain NLL: its
-   intervals' scale is what its final run delivers, and judged at a fitted scale a method
-   whose final run does not calibrate its scale would win on intervals it never gives. Both
-   NLLs of such a candidate are in the reason line.
+   training on from where its optimiser stopped: the noise and scale a method calibrates
+   after training for prediction (SoftKI rescales its outputscale, CaGP-Opt its latent
+   variance and noise, each slice as at the end of its final run) are scored, then set back
+   to their trained values, which the training loss moves on from smoothly. So every
+   candidate is judged by the intervals its final run delivers. (CaGP-Opt's uncalibrated
+   intervals are wide by the error of its untrained actions early in training; its
+   calibration, not a scale fitted to the judged rows, is what removes that.)
 4. The winner is rebuilt on every row and trained for the rest of the budget, starting from
    the parameters its race's training ended with (again before the calibration:
    hyperparameters, inducing points and variational parameters), at most at the learning
@@ -150,12 +145,6 @@ class Runner:
     epochs: int = 0
     nll: float = math.inf
     rmse: float = math.inf
-    scaled_nll: float = math.inf
-    """The held-out NLL with the predictive variance times the one factor that fits it best
-    (:func:`scaled_nll`): the fit of the mean and the shape of the intervals, not their scale."""
-    fitted_scale: bool = False
-    """Judged by :attr:`scaled_nll` (its model's
-    :attr:`~gpscale.methods.base.Method.computational_variance`), else by :attr:`nll`."""
     round_out: int | None = None
     failure: str | None = None
     trained: dict[str, Tensor] | None = field(default=None, repr=False)
@@ -164,18 +153,14 @@ class Runner:
 
     @property
     def judged(self) -> float:
-        """What the race ranks by: the held-out NLL, at the fitted variance scale for a
-        candidate with computational uncertainty (module docstring)."""
-        if not math.isfinite(self.nll):
-            return math.inf
-        return self.scaled_nll if self.fitted_scale else self.nll
+        """What the race ranks by: the held-out NLL (``inf`` where it is not finite)."""
+        return self.nll if math.isfinite(self.nll) else math.inf
 
     def describe(self) -> str:
         """``svgp NLL −1.002 RMSE 0.110 (41 epochs, 38 s)`` and how it left the race."""
         if self.failure is not None:
             return f"{self.key} failed ({self.failure})"
-        scaled = f" ({self.scaled_nll:.3f} at a fitted scale)" if self.fitted_scale else ""
-        text = (f"{self.key} NLL {self.nll:.3f}{scaled} RMSE {self.rmse:.3g} ({self.epochs} "
+        text = (f"{self.key} NLL {self.nll:.3f} RMSE {self.rmse:.3g} ({self.epochs} "
                 f"epochs, {self.seconds:.0f} s)")
         return text if self.round_out is None else text + f", out after round {self.round_out}"
 
@@ -356,11 +341,9 @@ def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor,
                                                               dtype=config.torch_dtype))
             pred = pred.to("cpu")
             scores = pred.metrics(held[1].to(torch.float64))
-            runner.scaled_nll = scaled_nll(pred, held[1].to(torch.float64))
-            runner.fitted_scale = runner.model.computational_variance
     except (NonFiniteLossError, RuntimeError, ValueError, MemoryError) as err:
         why = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-        runner.model, runner.nll, runner.scaled_nll = None, math.inf, math.inf
+        runner.model, runner.nll = None, math.inf
         if start is not None and runner.trained is None:  # the shared start did not suit it
             spent = time.perf_counter() - tic
             runner.seconds += spent
@@ -377,17 +360,6 @@ def _run_slice(runner: Runner, train: tuple[Tensor, Tensor], held: tuple[Tensor,
     nll = float(scores["test_nll"])
     runner.nll = nll if math.isfinite(nll) else math.inf
     runner.rmse = float(scores["test_rmse"])
-
-
-def scaled_nll(pred, y: Tensor) -> float:
-    """The mean negative log density of ``y`` under ``pred``'s Gaussian with its observed
-    variance v times c = mean((y − μ)²/v), the factor that minimises it; ``inf`` where it is
-    not finite."""
-    v = pred.observed_variance.to(torch.float64).clamp_min(1e-300)
-    r2 = (y.to(torch.float64) - pred.mean.to(torch.float64)).square()
-    c = float((r2 / v).mean())
-    value = 0.5 * float(torch.log(2 * math.pi * c * v).mean()) + 0.5
-    return value if math.isfinite(value) else math.inf
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from gpscale.linalg.operators.block_sparse import BlockLayout, BlockSparseAction
 from gpscale.methods.cagp import calibration
 from gpscale.metrics import covering_scale_range
 from gpscale.training import FitConfig, fit
+from gpscale.training.harness import train_built
 
 from ._dense import TOL, Dense, opt_model, toy_data
 
@@ -196,6 +198,34 @@ def test_a_near_noiseless_fit_gets_narrower_intervals_that_cover_new_rows():
                         + (y_new - p.mean).square() / p.observed_variance).mean())
            for p in (plain, scaled)]
     assert nll[1] < nll[0]
+
+
+def test_the_harness_hands_its_posterior_to_the_calibration(monkeypatch):
+    """After training, ``train_built`` conditions CaGP-Opt once on every row and the
+    calibration starts from that posterior (one more conditioning, with the left-out rows'
+    entries at zero), not three times; the factors and the state are those of a separate
+    calibration and conditioning."""
+    model, x, y = _trained(epochs=0)
+    with torch.no_grad():
+        reference = copy.deepcopy(model)
+        expected = reference.finalize(x, y)
+        expected_state = reference.condition(x, y)
+    calls = []
+    original = type(model).condition
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("actions") is None)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "condition", counted)
+    history, state = train_built(model, (x, y), FitConfig(epochs=1, lr=1e-12, progress=False))
+    # the one epoch's, the harness's posterior, the calibration's with rows left out
+    assert calls == [True, True, False], calls
+    found = history.rows[-1]
+    assert found["variance_scale"] == pytest.approx(expected["variance_scale"], rel=1e-6)
+    assert found["noise_scale"] == pytest.approx(expected["noise_scale"], rel=1e-6)
+    torch.testing.assert_close(state.repr_weights_proj, expected_state.repr_weights_proj,
+                               rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("case", ["off", "few rows", "several processes"])

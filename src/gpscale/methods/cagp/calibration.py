@@ -129,11 +129,12 @@ def _clamp(value: float, low: float, high: float) -> float:
     return min(max(value, low, FACTOR_BOUNDS[0]), max(high, FACTOR_BOUNDS[0]), FACTOR_BOUNDS[1])
 
 
-def left_out_predictive(model: Any, x: Tensor, y: Tensor,
-                        positions: Tensor) -> tuple[Tensor, Tensor, float]:
+def left_out_predictive(model: Any, x: Tensor, y: Tensor, positions: Tensor,
+                        state: Any = None) -> tuple[Tensor, Tensor, float]:
     """(squared errors, latent variances, σ²) of CaGP-Opt ``model``'s predictions of the rows at
     ``positions`` (block order) of ``x``, ``y`` from the others, its actions whole (module
-    docstring); float64 on the CPU. Raises :class:`~gpscale.errors.NumericalError` where
+    docstring); float64 on the CPU. ``state``: ``model``'s posterior on ``x``, ``y`` if the
+    caller has it (else conditioned here). Raises :class:`~gpscale.errors.NumericalError` where
     I − A_HH does not solve."""
     policy = model.policy
     index, values = policy.index, policy.values.detach()
@@ -141,7 +142,7 @@ def left_out_predictive(model: Any, x: Tensor, y: Tensor,
     rows, v_h = index[positions], upcast(values[positions])
     blocks = policy.layout.block_ids(index.device)[positions]
     with torch.no_grad():
-        state = model.condition(x, y)
+        state = model.condition(x, y) if state is None else state
         kept = values.clone()
         kept[positions] = 0
         other = model.condition(x, y, actions=BlockSparseActions(
@@ -166,7 +167,7 @@ def left_out_predictive(model: Any, x: Tensor, y: Tensor,
 
 
 def calibrate_scale(model: Any, x: Tensor, y: Tensor, seed: int = 0,
-                    sharded: bool = False) -> dict[str, float] | None:
+                    sharded: bool = False, state: Any = None) -> dict[str, float] | None:
     """Fit and set CaGP-Opt ``model``'s factors of the latent variance and the noise on rows of
     ``x``, ``y`` (its training rows) predicted from the others (module docstring); returns
     them and those rows' coverage before and after, for the history, or ``None`` below
@@ -182,7 +183,7 @@ def calibrate_scale(model: Any, x: Tensor, y: Tensor, seed: int = 0,
     model.variance_scale.fill_(1.0)
     model.noise_scale.fill_(1.0)
     try:
-        err2, latent, noise = left_out_predictive(model, x, y, positions)
+        err2, latent, noise = left_out_predictive(model, x, y, positions, state)
     except NumericalError as err:
         warnings.warn(f"cagp-opt: the predictive variance is not calibrated ({err}); its "
                       "intervals are the ELBO's", CalibrationWarning, stacklevel=3)

@@ -173,17 +173,19 @@ class CaGP(HeldOutNoise, Method):
         learned on, so it trains on every row and keeps its ELBO's σ²."""
         return not isinstance(self.policy, LearnedBlockSparsePolicy)
 
-    computational_variance = True
+    @property
+    def finalize_reads_posterior(self) -> bool:  # the calibration only scales the predictive
+        return self.rows_in_parameters and self.options.get("calibrate") == "heldout"
 
     def finalize(self, x: Tensor, y: Tensor, reduce: Callable[[Tensor], Tensor] | None = None,
-                 held: Any = None) -> dict[str, Any] | None:
+                 held: Any = None, state: CaGPState | None = None) -> dict[str, Any] | None:
         """CaGP-Opt (``calibrate='heldout'``, one process): the factors of the predictive's
         latent variance and noise fitted on training rows predicted from the others
-        (:mod:`gpscale.methods.cagp.calibration`)."""
-        if not self.rows_in_parameters or self.options.get("calibrate") != "heldout":
+        (:mod:`gpscale.methods.cagp.calibration`), from ``state`` where it is handed over."""
+        if not self.finalize_reads_posterior:
             return None
         return calibrate_scale(self, x, y, seed=int(self.options.get("seed", 0)),
-                               sharded=reduce is not None)
+                               sharded=reduce is not None, state=state)
 
     @property
     def rows_in_parameters(self) -> bool:
