@@ -27,11 +27,25 @@ from torch import Tensor
 
 __all__ = ["json_safe", "rmse", "gaussian_nll", "accuracy", "multiclass_nll", "ece",
            "coverage", "coverage_error", "poisson_nll", "covering_noise_range",
-           "covering_scale_range", "COVERAGE_SLACK"]
+           "covering_scale_range", "COVERAGE_SLACK", "COVERAGE_BAR", "coverage_slack"]
 
+COVERAGE_BAR = 0.025
+"""The product's bar: a default's 95 % intervals cover 95 % ± this share of new rows."""
 COVERAGE_SLACK = 0.01
-"""A calibrated noise keeps the held-out rows' 95 % intervals covering 95 % ± this share of
-them (:func:`covering_noise_range`)."""
+"""The least slack of :func:`coverage_slack`: a calibration on a few hundred held-out rows
+keeps their 95 % intervals covering 95 % ± this share of them."""
+
+
+def coverage_slack(rows: int, level: float = 0.95) -> float:
+    """How far a calibration lets the coverage of ``level`` intervals on ``rows`` held-out
+    rows stray from ``level`` before it moves the variance (:func:`covering_noise_range`):
+    :data:`COVERAGE_BAR` less two binomial standard errors of that share (what the rows say
+    about the coverage on new rows), at least :data:`COVERAGE_SLACK`. Within it the NLL's
+    best variance stands: where the errors are heavy-tailed the coverage changes little with
+    the variance, and a move into a narrower band costs much density for a fraction of a
+    point of coverage."""
+    error = math.sqrt(level * (1 - level) / max(rows, 1))
+    return max(COVERAGE_SLACK, COVERAGE_BAR - 2 * error)
 
 
 def rmse(mean: Tensor, y: Tensor) -> float:

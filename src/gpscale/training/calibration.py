@@ -7,8 +7,9 @@ has overfitted the training rows (intervals far too narrow). A method that decla
 ``heldout_noise`` (:class:`~gpscale.methods.base.Method`) trains on all but
 :func:`heldout_rows` of its rows; after training, :func:`calibrate_noise` sets σ² to the value
 whose predictive, conditioned on the rows trained on, has the smallest negative log density on
-the held-out rows while its 95 % intervals cover 95 % of them (within :data:`COVERAGE_SLACK`;
-a fixed point of a few conditionings), and the harness then conditions on every row.
+the held-out rows while its 95 % intervals cover 95 % of them (within
+:func:`~gpscale.metrics.coverage_slack`; a fixed point of a few conditionings), and the
+harness then conditions on every row.
 
 :func:`interval_coverage` and :func:`coverage_tolerance` say whether a predictive's central
 95 % intervals cover what they should on a given number of rows.
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 
 from gpscale.errors import CalibrationWarning
-from gpscale.metrics import COVERAGE_SLACK, covering_noise_range
+from gpscale.metrics import COVERAGE_BAR, COVERAGE_SLACK, coverage_slack, covering_noise_range
 
 __all__ = ["heldout_rows", "calibrate_noise", "interval_coverage", "coverage_tolerance",
            "coverage_message",
@@ -67,7 +68,7 @@ def coverage_tolerance(rows: int) -> float:
     """How far the coverage of 95 % intervals on ``rows`` rows may stray from 0.95 before it
     says the intervals are wrong: 2.5 points, or three binomial standard errors where the
     rows are too few for that."""
-    return max(0.025, 3 * math.sqrt(0.95 * 0.05 / max(rows, 1)))
+    return max(COVERAGE_BAR, 3 * math.sqrt(0.95 * 0.05 / max(rows, 1)))
 
 
 def _heldout_predictive(model: Any, fit: tuple[Tensor, Tensor], held: tuple[Tensor, Tensor],
@@ -87,8 +88,9 @@ def _nll(err2: Tensor, latent: Tensor, noise: Tensor | float) -> Tensor:
 def _best_noise(err2: Tensor, latent: Tensor, floor: float) -> float:
     """σ² ≥ ``floor`` minimising the held-out NLL with the predictive mean and latent variance
     held fixed, then moved into the range where the held-out 95 % intervals cover 95 % ±
-    :data:`COVERAGE_SLACK` of the rows (:func:`~gpscale.metrics.covering_noise_range`)."""
-    lo, hi = covering_noise_range(err2, latent, COVERAGE_SLACK)
+    :func:`~gpscale.metrics.coverage_slack` of the rows
+    (:func:`~gpscale.metrics.covering_noise_range`)."""
+    lo, hi = covering_noise_range(err2, latent, coverage_slack(err2.numel()))
     return min(max(_nll_noise(err2, latent, floor), lo, floor), max(hi, floor))
 
 
@@ -116,8 +118,8 @@ def calibrate_noise(model: Any, fit: tuple[Tensor, Tensor], held: tuple[Tensor, 
 
     A fixed point: σ² minimises the held-out NLL of the predictive mean and latent variance
     that σ² itself conditions, within the range where the held-out intervals cover 95 % ±
-    :data:`COVERAGE_SLACK` of the rows; each round conditions on ``fit`` once, and the rounds
-    stop when σ² moves by less than :data:`NOISE_TOLERANCE` of itself (at most
+    :func:`~gpscale.metrics.coverage_slack` of the rows; each round conditions on ``fit``
+    once, and the rounds stop when σ² moves by less than :data:`NOISE_TOLERANCE` of itself (at most
     :data:`NOISE_ROUNDS`)."""
     trained = float(model.noise.detach().reshape(-1)[0])
     noise, first = trained, None

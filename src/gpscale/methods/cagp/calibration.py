@@ -11,7 +11,7 @@ After training, :func:`calibrate_scale` predicts a tenth of the training rows
 (:func:`held_rows`, H) from the others, as they would be predicted were they new, and fits two
 factors on them (:func:`fit_factors`): c of the latent variance and b of the noise in the
 predictive c · K_i(x, x) + b · σ², those with the smallest negative log predictive density, then
-moved into the range where their 95 % intervals cover 95 % ± :data:`~gpscale.metrics.COVERAGE_SLACK`
+moved into the range where their 95 % intervals cover 95 % ± :func:`~gpscale.metrics.coverage_slack`
 of them. The model then predicts with them from the posterior on every row; the posterior
 itself (its mean, and the σ² it conditions with) stays the ELBO's.
 
@@ -55,7 +55,13 @@ from gpscale.errors import CalibrationWarning, NumericalError
 from gpscale.kernels import kernel_diag
 from gpscale.linalg.operators.block_sparse import BlockLayout, BlockSparseActions
 from gpscale.linalg.ops import upcast
-from gpscale.metrics import COVERAGE_SLACK, coverage, covering_noise_range, covering_scale_range
+from gpscale.metrics import (
+    COVERAGE_BAR,
+    coverage,
+    coverage_slack,
+    covering_noise_range,
+    covering_scale_range,
+)
 
 __all__ = ["CALIBRATIONS", "HELD_FRACTION", "HELD_MIN_ROWS", "HELD_MAX_ROWS", "MIN_ROWS",
            "FACTOR_BOUNDS", "held_rows", "fit_factors", "left_out_predictive", "calibrate_scale",
@@ -97,7 +103,7 @@ def fit_factors(err2: Tensor, latent: Tensor, noise: float) -> tuple[float, floa
     """(c, b) in :data:`FACTOR_BOUNDS` whose predictive N(mean, c · latent + b · ``noise``)
     gives the rows with squared errors ``err2`` the smallest mean negative log density (a 2-D
     log grid refined three times around its best cell); then c moved into the range where
-    their central 95 % intervals cover 95 % ± ``COVERAGE_SLACK`` of them
+    their central 95 % intervals cover 95 % ± ``coverage_slack`` of them
     (:func:`~gpscale.metrics.covering_scale_range`) and, where no c in the bounds reaches it,
     b as well (:func:`~gpscale.metrics.covering_noise_range`)."""
     err2, latent = err2.double(), latent.double()
@@ -116,10 +122,11 @@ def fit_factors(err2: Tensor, latent: Tensor, noise: float) -> tuple[float, floa
                 min(centre + (hi - lo) / (points - 1), edges[1])]
                for centre, (lo, hi) in zip(best[1:], box, strict=True)]
     scale, factor = math.exp(best[1]), math.exp(best[2])
-    low, high = covering_scale_range(err2, latent, factor * noise, COVERAGE_SLACK, LEVEL)
+    slack = coverage_slack(err2.numel(), LEVEL)
+    low, high = covering_scale_range(err2, latent, factor * noise, slack, LEVEL)
     scale = _clamp(scale, low, high)
     if not low <= scale <= high:  # the bounds on c cannot reach the coverage: b moves
-        low, high = covering_noise_range(err2, scale * latent, COVERAGE_SLACK, LEVEL)
+        low, high = covering_noise_range(err2, scale * latent, slack, LEVEL)
         factor = _clamp(factor, low / noise, high / noise)
     return scale, factor
 
@@ -197,7 +204,7 @@ def calibrate_scale(model: Any, x: Tensor, y: Tensor, seed: int = 0,
     log.info("cagp-opt: latent variance x %.3g, noise x %.3g on %d training rows predicted "
              "from the others (95%% intervals covered %.1f%% of them, now %.1f%%)", scale, factor,
              count, 100 * before, 100 * after)
-    if abs(after - LEVEL) > 2.5 * COVERAGE_SLACK:
+    if abs(after - LEVEL) > COVERAGE_BAR:
         warnings.warn(f"cagp-opt: with its latent variance x {scale:.3g} and noise x "
                       f"{factor:.3g} (the ends of the range searched) the 95% intervals cover "
                       f"{100 * after:.1f}% of the {count:,} training rows predicted "

@@ -35,7 +35,7 @@ from torch import Tensor
 from gpscale.kernels import kernel_matrix
 from gpscale.linalg.ops import safe_cholesky, upcast
 from gpscale.methods.softki.noise import NOISE_FLOOR, calibrate_noise, noise_statistics
-from gpscale.metrics import COVERAGE_SLACK, covering_noise_range
+from gpscale.metrics import coverage_slack, covering_noise_range
 
 __all__ = ["HeldOutStatistics", "held_out_statistics", "calibrate", "holdout_rows",
            "held_out_score", "calibrate_after_training",
@@ -120,7 +120,7 @@ def calibrate(stats: HeldOutStatistics, *, noise_floor: float,
               fit_scale: bool = True) -> tuple[float, float, float]:
     """(held-out NLL, a, s) minimising :meth:`HeldOutStatistics.nll`; a = 1 unless
     ``fit_scale``. s ranges from ``noise_floor`` to 10 var(r_h), and is then moved into the
-    range where the held-out 95 % intervals cover 95 % ± ``COVERAGE_SLACK`` of the rows
+    range where the held-out 95 % intervals cover 95 % ± ``coverage_slack`` of the rows
     (:func:`~gpscale.metrics.covering_noise_range`; the NLL's best s matches the errors'
     spread, not their quantile)."""
     on = dict(dtype=torch.float64, device=stats.P.device)
@@ -144,7 +144,7 @@ def calibrate(stats: HeldOutStatistics, *, noise_floor: float,
         lo_s, hi_s = max(best[2] - step_s, math.log(noise_floor)), best[2] + step_s
     a, s = math.exp(best[1]), math.exp(best[2])
     for _ in range(COVERAGE_ROUNDS):  # s into the range where the intervals cover 95 %
-        lo, hi = covering_noise_range(*stats.errors(a, s), COVERAGE_SLACK)
+        lo, hi = covering_noise_range(*stats.errors(a, s), coverage_slack(stats.r_held.numel()))
         moved = min(max(s, lo, noise_floor), max(hi, noise_floor))
         if moved == s:
             break
