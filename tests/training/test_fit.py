@@ -10,6 +10,7 @@ from torch import nn
 
 from gpscale.errors import NonFiniteLossError
 from gpscale.io import read_file
+from gpscale.methods.base import Method
 from gpscale.training import FitConfig, History, fit
 
 
@@ -261,3 +262,45 @@ def test_fit_config_device_names_and_availability():
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(ValueError, match=rf"device 'cuda:{count}': torch sees {count} CUDA"):
         FitConfig(device=f"cuda:{count}")
+
+
+class TwoWeights(Method):
+    """loss = mean_j (u - y_j)² + mean_j (w - y_j)²; from a pre-fitted start (``max_start_lr``
+    set) its ``prefit_lr_scales`` put ``slow.u`` at a share of the rate."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.slow = nn.Module()
+        self.slow.u = nn.Parameter(torch.zeros(()))
+        self.w = nn.Parameter(torch.zeros(()))
+        self.prefit_lr_scales = {"slow.": scale}
+        self.max_start_lr = 1.0
+
+    def condition(self, x, y):
+        return y
+
+    def loss(self, state):
+        return two_loss(self, None, state)
+
+    def predict(self, state, x_test):
+        raise NotImplementedError
+
+
+def two_loss(model, x, y):
+    return ((model.slow.u - y) ** 2).mean() + ((model.w - y) ** 2).mean()
+
+
+@pytest.mark.parametrize(("scheduler", "epochs", "rel"), [("none", 1, 1e-6), ("linear", 3, 2e-3)])
+def test_a_declared_lr_scale_moves_its_parameters_at_that_share_of_the_rate(
+        data, scheduler, epochs, rel):
+    """Adam's first step moves each weight by its group's rate (|m̂/√v̂| = 1 up to ε), later
+    steps by nearly as much while the gradient keeps its sign: ``slow.u`` by 0.25 of ``w``'s
+    step, also under a schedule that changes the rate; the history records the base rate."""
+    model = TwoWeights(0.25)
+    cfg = FitConfig(lr=0.1, epochs=epochs, scheduler=scheduler, lr_end_factor=0.5,
+                    progress=False)
+    hist = fit(model, two_loss, data, cfg)
+    moved_w, moved_u = float(model.w.detach()), float(model.slow.u.detach())
+    assert hist.column("lr")[0] == pytest.approx(0.1)
+    assert moved_w == pytest.approx(sum(hist.column("lr")), rel=rel)
+    assert moved_u == pytest.approx(0.25 * moved_w, rel=rel)

@@ -107,6 +107,16 @@ class Method(nn.Module, ABC):
     """The largest learning rate training may start at, or ``None`` (the default): no cap. The
     harness sets it on a model built from pre-fitted start values (the ``prefit_max_lr``
     option) and ``train_built`` lowers a larger rate to it."""
+    prefit_lr_scales: ClassVar[dict[str, float]] = {}
+    """Factors on the training rate by parameter-name prefix, from a pre-fitted start
+    (:attr:`max_start_lr` set): parameters initialised from the pre-fitted hyperparameters
+    (CaGP-Opt's actions) keep to that start as the hyperparameters do."""
+
+    @property
+    def lr_scales(self) -> dict[str, float]:
+        """Adam's rate factors by parameter-name prefix (:func:`gpscale.training.fit`'s
+        parameter groups; the rest at the schedule's rate)."""
+        return dict(self.prefit_lr_scales) if self.max_start_lr is not None else {}
 
     def __init__(self, *, task: str = "regression", num_classes: int | None = None,
                  options: dict[str, Any] | None = None):

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from gpscale.devices import OOM_ERRORS, out_of_memory
 from gpscale.errors import NonFiniteLossError, NumericalError
+from gpscale.methods.base import Method
 from gpscale.training.checkpoint import (
     announce_resume,
     load_checkpoint,
@@ -191,7 +192,7 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
                 held = validation.epoch_end(model, epoch)
                 clock += time.perf_counter() - tic
             row = {"epoch": epoch, "time_s": clock, "loss": loss,
-                   "lr": run.optimizer.param_groups[0]["lr"], **held}
+                   "lr": _base_lr(run.optimizer), **held}
             best.record(loss, epoch, good, good_optimizer)
             reductions = run.scheduler.reductions
             converged = run.converged or run.scheduler.epoch_end(
@@ -254,10 +255,32 @@ def condition_only(model: nn.Module, data: tuple[Tensor, Tensor],
     return history, state
 
 
+def _base_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The schedule's rate (a group's rate over its ``lr_scale``)."""
+    group = optimizer.param_groups[0]
+    return group["lr"] / group.get("lr_scale", 1.0)
+
+
+def _groups(model: nn.Module, params: list[nn.Parameter]) -> list[dict[str, Any]]:
+    """Adam's parameter groups: one per learning-rate factor a method declares
+    (:attr:`~gpscale.methods.base.Method.lr_scales`: a parameter-name prefix to a factor on the
+    schedule's rate), the rest at 1."""
+    scales = model.lr_scales if isinstance(model, Method) else {}
+    if not scales:
+        return [{"params": params, "lr_scale": 1.0}]
+    trainable = {id(p) for p in params}
+    groups: dict[float, list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if id(p) in trainable:
+            scale = next((f for prefix, f in scales.items() if name.startswith(prefix)), 1.0)
+            groups.setdefault(float(scale), []).append(p)
+    return [{"params": ps, "lr_scale": scale} for scale, ps in sorted(groups.items())]
+
+
 def _start(model: nn.Module, params: list[nn.Parameter], config: FitConfig,
            num_train: int) -> _Run:
     if config.optimizer == "adam":
-        optimizer: torch.optim.Optimizer = torch.optim.Adam(params, lr=config.lr)
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(_groups(model, params), lr=config.lr)
     else:
         optimizer = torch.optim.LBFGS(params, lr=config.lr, max_iter=config.lbfgs_max_iter,
                                       line_search_fn="strong_wolfe")

@@ -127,6 +127,7 @@ class Schedule:
         self.reductions = 0
         self.recent: list[float] = []  # the losses of the patience window (noise_plateau)
         self.steady = False  # the last plateau came in a steady descent
+        self.apply()  # each group at its scale of the rate
 
     def epoch_end(self, epoch: int, loss: float, clock: float, *,
                   windowed: bool = False) -> str | None:
@@ -224,7 +225,7 @@ class Schedule:
     def apply(self) -> None:
         """Set the optimiser's learning rate to the schedule's (after an optimiser reload)."""
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+            group["lr"] = self.lr * group.get("lr_scale", 1.0)
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "lr": self.lr, "best": self.best, "waited": self.waited,

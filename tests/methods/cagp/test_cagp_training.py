@@ -12,7 +12,11 @@ from torch import nn
 from gpscale.io import load, save
 from gpscale.kernels import kernel_matrix
 from gpscale.linalg.operators.block_sparse import BlockLayout
-from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy, local_assignment
+from gpscale.linalg.policies.block_sparse import (
+    LearnedBlockSparsePolicy,
+    initial_values,
+    local_assignment,
+)
 from gpscale.methods import _common, build, cagp
 from gpscale.methods.cagp import model as cagp_model
 from gpscale.training import FitConfig, default_fit_config, fit
@@ -56,6 +60,42 @@ def test_action_initialisation(how):
             torch.testing.assert_close(S[rows, j].abs(), top.abs(), **TOL)
     if how == "random":
         assert 0.5 < float(S.square().sum(0).mean()) < 2  # ‖s'_j‖² ≈ 1
+
+
+def test_auto_initialisation_is_eigen_for_a_known_kernel_and_random_otherwise():
+    """``action_init='auto'`` (the default): the blocks' top eigenvectors where the lengthscale
+    is given (or pre-fitted), the seeded random entries where it is a default."""
+    x, y = toy_data(60)
+
+    def entries(**kw):
+        return cagp.build_cagp_opt(D, init=(x, y), num_actions=6, seed=4, **kw).policy.values
+
+    known = {k: v for k, v in HYPER.items()}
+    torch.testing.assert_close(entries(**known), entries(**known, action_init="eigen"),
+                               rtol=0, atol=0)
+    unknown = {k: v for k, v in HYPER.items() if k != "lengthscale"}
+    torch.testing.assert_close(entries(**unknown), entries(**unknown, action_init="random"),
+                               rtol=0, atol=0)
+    assert not torch.equal(entries(**known), entries(**known, action_init="random"))
+    with pytest.raises(ValueError, match="auto"):
+        initial_values("auto", BlockLayout(60, 6), torch.arange(60))
+
+
+def test_actions_train_at_a_share_of_the_rate_from_a_prefitted_start():
+    """From a pre-fitted start (``max_start_lr`` set) Adam's first step moves every action entry
+    by PREFIT_ACTION_LR_SCALE · lr and each hyperparameter by lr (up to Adam's ε); with no
+    pre-fit, all by lr."""
+    x, y = toy_data(60)
+    for prefitted, share in ((True, cagp_model.PREFIT_ACTION_LR_SCALE), (False, 1.0)):
+        model = opt_model(x, y, 6)
+        model.max_start_lr = 0.05 if prefitted else None
+        values = model.policy.values.detach().clone()
+        raw = model.kernel.base_kernel.raw_lengthscale.detach().clone()
+        fit(model, None, (x, y), FitConfig(lr=0.05, epochs=1, progress=False))
+        step = (model.policy.values.detach() - values).abs()
+        torch.testing.assert_close(step, torch.full_like(step, share * 0.05), rtol=1e-3, atol=0)
+        moved = (model.kernel.base_kernel.raw_lengthscale.detach() - raw).abs()
+        torch.testing.assert_close(moved, torch.full_like(moved, 0.05), rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("factory", [cagp.build_cagp_opt, cagp.build_cagp_cg])

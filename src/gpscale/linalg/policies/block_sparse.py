@@ -19,7 +19,11 @@ assignment, the case i ∤ n and the initialisation open (notes/001 §4.3); here
   posterior starts where the learned one was.
 - **Initialisation** (:func:`initial_values`, the options of the authors' code): ``'random'``
   entries N(0, 1)/√(block size); ``'targets'`` the block's targets; ``'eigen'`` the top eigenvector
-  of each diagonal kernel block K(X_Ij, X_Ij).
+  of each diagonal kernel block K(X_Ij, X_Ij). CaGP-Opt's default ``'auto'`` (beyond the paper,
+  :func:`resolve_action_init`) takes ``'eigen'`` where the kernel's hyperparameters are known
+  when the actions are made (pre-fitted, or given) and ``'random'`` where they are defaults:
+  the eigenvector of a block is the block's best single action for the kernel it was computed
+  with, and of an arbitrary kernel an arbitrary direction.
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ from gpscale.linalg.operators.block_sparse import BlockLayout, BlockSparseAction
 from gpscale.typing import Float, Int, Tensor
 
 __all__ = ["ACTION_INITS", "BLOCK_ASSIGNMENTS", "LearnedBlockSparsePolicy", "block_assignment",
-           "grow_blocks", "initial_values", "local_assignment"]
+           "grow_blocks", "initial_values", "local_assignment", "resolve_action_init"]
 
-ACTION_INITS = ("random", "targets", "eigen")
+ACTION_INITS = ("auto", "random", "targets", "eigen")
 BLOCK_ASSIGNMENTS = ("random", "local")
 
 
@@ -75,6 +79,14 @@ def local_assignment(x: Float[Tensor, "n d"], layout: BlockLayout) -> Int[Tensor
     return order
 
 
+def resolve_action_init(how: str, kernel_known: bool) -> str:
+    """``how``, with ``'auto'`` resolved: ``'eigen'`` where the kernel's hyperparameters are
+    known (``kernel_known``: pre-fitted or given), else ``'random'`` (module docstring)."""
+    if how != "auto":
+        return how
+    return "eigen" if kernel_known else "random"
+
+
 def initial_values(how: str, layout: BlockLayout, index: Int[Tensor, " n"], *,
                    y: Float[Tensor, " n"] | None = None,
                    block_kernel: Callable[[Tensor], Tensor] | None = None,
@@ -82,7 +94,7 @@ def initial_values(how: str, layout: BlockLayout, index: Int[Tensor, " n"], *,
     """Initial action entries (n,) in block order.
 
     Args:
-        how: one of :data:`ACTION_INITS`.
+        how: one of :data:`ACTION_INITS` other than ``'auto'`` (:func:`resolve_action_init`).
         layout: the block layout.
         index: (n,) the data points in block order.
         y: (n,) targets in data order (for ``'targets'``).
@@ -92,7 +104,7 @@ def initial_values(how: str, layout: BlockLayout, index: Int[Tensor, " n"], *,
     Raises:
         ValueError: an unknown ``how`` or a missing argument it needs.
     """
-    if how not in ACTION_INITS:
+    if how not in ACTION_INITS or how == "auto":
         raise ValueError(f"unknown action init {how!r}; valid: {', '.join(ACTION_INITS)}")
     sizes = torch.tensor(layout.sizes())
     if how == "random":

@@ -48,7 +48,8 @@ Deviations and choices (the paper is silent unless stated):
   an action. The authors' code takes log Σ_j ‖s'_j‖², which is not (notes/001 §8.3).
 - i ∤ n: blocks of ⌊n/i⌋ and ⌊n/i⌋ + 1 points cover all n (the code truncates the data).
 - Blocks are cells of the inputs by default (``blocks='local'``; the code: random subsets).
-- Above 10,000 points the prior starts from an exact GP on 2,000 points (`training.prefit`).
+- Above 10,000 points the prior starts from an exact GP on 2,000 points (`training.prefit`), and
+  the actions from its kernel's block eigenvectors, trained at a share of the capped rate.
 - CG actions carry no gradient and are re-orthonormalised (:mod:`gpscale.linalg.policies.residual`).
 - The prior mean is GPyTorch's learned constant (the paper: zero mean), like the baselines.
 """
@@ -65,10 +66,7 @@ from torch import Tensor
 
 from gpscale.distributions import Predictive
 from gpscale.errors import NumericalError
-from gpscale.kernels import (
-    kernel_diag,
-    kernel_matrix,
-)
+from gpscale.kernels import kernel_diag, kernel_matrix
 from gpscale.linalg.operators.block_sparse import BlockLayout
 from gpscale.linalg.ops import Matmul, gram, upcast
 from gpscale.linalg.policies.block_sparse import (
@@ -78,6 +76,7 @@ from gpscale.linalg.policies.block_sparse import (
     grow_blocks,
     initial_values,
     local_assignment,
+    resolve_action_init,
 )
 from gpscale.linalg.policies.residual import ResidualPolicy
 from gpscale.methods._common import (
@@ -96,19 +95,12 @@ from gpscale.methods.cagp.calibration import CALIBRATIONS, calibrate_scale, unit
 from gpscale.methods.cagp.cg import KernelOperator, cg_action_cap, recycling_loss
 from gpscale.methods.cagp.pipeline import PIPELINE
 from gpscale.methods.cagp.sharded import sharded_plan
-from gpscale.methods.cagp.state import (
-    CaGPState,
-    gram_cholesky,
-    trace_solve,
-    warn_float64_fallback,
-)
+from gpscale.methods.cagp.state import CaGPState, gram_cholesky, trace_solve, warn_float64_fallback
 from gpscale.methods.options import KERNEL_PRODUCT_OPTIONS, PREFIT_OPTIONS, PRIOR_OPTIONS, Option
 from gpscale.methods.registry import MethodSpec, register
 from gpscale.validation import check_num_points, check_x, check_xy
 
-__all__ = [
-    "OBJECTIVES", "CaGP", "build_cagp_cg", "build_cagp_opt", "action_gram", "kernel_times",
-]
+__all__ = ["OBJECTIVES", "CaGP", "build_cagp_cg", "build_cagp_opt", "action_gram", "kernel_times"]
 
 OBJECTIVES = ("elbo", "projected_nll")
 
@@ -119,6 +111,10 @@ NUM_ACTIONS_CAP = 512
 def _num_actions(given: int | None, num_train: int) -> int:
     """CaGP-Opt's number of actions on ``num_train`` rows: ``given``, else its default."""
     return default_size(given, num_train, NUM_ACTIONS_CAP, 2, "num_actions")
+
+PREFIT_ACTION_LR_SCALE = 0.3
+"""CaGP-Opt's actions train at this share of the rate from a pre-fitted start: made from the
+pre-fitted kernel (``action_init='auto'``), they are part of the start the rate's cap keeps."""
 
 REFRESH_EVERY = 4
 """CaGP-CG's default ``refresh_every`` (see :mod:`gpscale.methods.cagp.cg`)."""
@@ -149,6 +145,7 @@ class CaGP(HeldOutNoise, Method):
     """
 
     key = "cagp"
+    prefit_lr_scales = {"policy.": PREFIT_ACTION_LR_SCALE}  # CG actions are no parameters
 
     def __init__(self, mean: gpytorch.means.Mean, kernel: gpytorch.kernels.Kernel,
                  likelihood: gpytorch.likelihoods.GaussianLikelihood,
@@ -341,7 +338,7 @@ class CaGP(HeldOutNoise, Method):
 
 def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int | None = None,
                    init: tuple[Tensor, Tensor] | None = None, num_actions: int | None = None,
-                   action_init: str = "random", blocks: str = "local", calibrate: str = "heldout",
+                   action_init: str = "auto", blocks: str = "local", calibrate: str = "heldout",
                    num_train: int | None = None, seed: int = 0, objective: str = "elbo",
                    chunk_size: int | None = None, backend: str = "auto", **prior: Any) -> CaGP:
     """Factory of ``cagp-opt``: learned block-sparse actions (see :mod:`gpscale.methods.registry`).
@@ -353,7 +350,8 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
         init: ``(x, y)``: initial hyperparameters and actions from the data; ``None`` allocates
             zero actions for ``num_train`` points, to be overwritten by ``load_state_dict``.
         num_actions: i.
-        action_init: ``'random'``, ``'targets'`` or ``'eigen'`` (see ``initial_values``).
+        action_init: ``'auto'`` (``'eigen'`` where ``lengthscale`` is given or pre-fitted,
+            else ``'random'``), ``'random'``, ``'targets'`` or ``'eigen'`` (``initial_values``).
         blocks: ``'local'`` (cells of the inputs, :func:`~gpscale.linalg.policies.block_sparse.
             local_assignment` of ``init``) or ``'random'`` (the authors' code: random subsets).
         calibrate: ``'heldout'`` (the predictive's latent variance and noise scaled by factors
@@ -381,6 +379,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
     num_actions = _num_actions(num_actions, n)
     check_num_points(n, num_actions, "actions")
     pre = pop_prefit_options(prior)
+    how = resolve_action_init(action_init, prior.get("lengthscale") is not None)
     opts = prior_options(init, task, num_dims, **prior)
     mean, kernel = prior_modules(num_dims, opts)
     index = (local_assignment(init[0], BlockLayout(n, num_actions))
@@ -395,12 +394,11 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
     model = follow_init(model, init)
     if init is not None:
         x, y = init
-        values = initial_values(
-            action_init, policy.layout, policy.index, y=y,
-            block_kernel=lambda idx: kernel_matrix(model.kernel, x[idx], x[idx]),
-            generator=torch.Generator().manual_seed(seed))
         with torch.no_grad():
-            policy.values.copy_(values)
+            policy.values.copy_(initial_values(
+                how, policy.layout, policy.index, y=y,
+                block_kernel=lambda idx: kernel_matrix(model.kernel, x[idx], x[idx]),
+                generator=torch.Generator().manual_seed(seed)))
     return model
 
 
@@ -469,7 +467,8 @@ register(MethodSpec(
     summary="CaGP-Opt: computation-aware GP, learned block-sparse actions, ELBO (O(n²/2) per step)",
     options=(
         _NUM_ACTIONS,
-        Option("action_init", "str", "random", "initial action entries", choices=ACTION_INITS),
+        Option("action_init", "str", "auto", "initial action entries (auto: eigen where the "
+               "hyperparameters are pre-fitted or given, else random)", choices=ACTION_INITS),
         Option("blocks", "str", "local", "an action's block: local (a cell of the inputs) or "
                "random (the paper's code)", choices=BLOCK_ASSIGNMENTS),
         Option("calibrate", "str", "heldout", "intervals: the latent variance and noise scaled "
