@@ -12,6 +12,7 @@ from torch import nn
 from gpscale.io import load, save
 from gpscale.kernels import kernel_matrix
 from gpscale.linalg.operators.block_sparse import BlockLayout
+from gpscale.linalg.policies import block_sparse
 from gpscale.linalg.policies.block_sparse import (
     LearnedBlockSparsePolicy,
     initial_values,
@@ -412,3 +413,13 @@ def test_local_blocks_are_saved_and_reloaded(tmp_path):
     torch.testing.assert_close(b.mean, a.mean, rtol=0, atol=0)
     with pytest.raises(ValueError, match="blocks"):
         build("cagp-opt", D, init=(x, y), num_actions=6, blocks="kmeans")
+
+
+def test_eigen_initialisation_in_chunks_matches_all_blocks_at_once(monkeypatch):
+    """'eigen' computes the kernel blocks a few at a time (memory bounded by
+    EIGEN_CHUNK_ENTRIES): one block per chunk gives the same entries as all at once."""
+    x, y = toy_data(70)
+    whole = opt_model(x, y, 7, action_init="eigen").policy.values.detach()
+    monkeypatch.setattr(block_sparse, "EIGEN_CHUNK_ENTRIES", 1)
+    chunked = opt_model(x, y, 7, action_init="eigen").policy.values.detach()
+    torch.testing.assert_close(chunked.abs(), whole.abs(), rtol=0, atol=1e-12)

@@ -41,6 +41,9 @@ __all__ = ["ACTION_INITS", "BLOCK_ASSIGNMENTS", "LearnedBlockSparsePolicy", "blo
            "grow_blocks", "initial_values", "local_assignment", "resolve_action_init"]
 
 ACTION_INITS = ("auto", "random", "targets", "eigen")
+EIGEN_CHUNK_ENTRIES = 1 << 24
+"""Most kernel-block entries ``'eigen'`` holds at once (a few blocks at a time where they are
+large: 512 blocks of 2,000 points at once would be 16 GB in float64)."""
 BLOCK_ASSIGNMENTS = ("random", "local")
 
 
@@ -119,8 +122,10 @@ def initial_values(how: str, layout: BlockLayout, index: Int[Tensor, " n"], *,
     parts = []
     for span in layout.spans(layout.num_points):  # one span per block size
         blocks = index[span.rows].view(span.count, span.size)
-        _, vectors = torch.linalg.eigh(block_kernel(blocks))  # ascending eigenvalues
-        parts.append(vectors[..., -1].flatten())  # (count · size,) top eigenvectors
+        step = max(1, EIGEN_CHUNK_ENTRIES // span.size ** 2)  # kernel blocks held at once
+        for chunk in blocks.split(step):
+            _, vectors = torch.linalg.eigh(block_kernel(chunk))  # ascending eigenvalues
+            parts.append(vectors[..., -1].flatten())  # (chunk · size,) top eigenvectors
     return torch.cat(parts)
 
 
