@@ -223,7 +223,8 @@ class Schedule:
         return True
 
     def apply(self) -> None:
-        """Set the optimiser's learning rate to the schedule's (after an optimiser reload)."""
+        """Set each parameter group's learning rate to the schedule's times the group's
+        ``lr_scale`` (at the start, after each change and after an optimiser reload)."""
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr * group.get("lr_scale", 1.0)
 
