@@ -376,21 +376,20 @@ def kernel_block_sparse_matmul(kernel: Kernel, x: Float[Tensor, "n d"],
                                                chunk_size=chunk_size, backend=backend)
     hp = _require_hyperparameters(kernel, name)
     z, _, _, _, _, _ = _scaled_inputs(hp, x, x, x[..., :1])
+    values = hp.outputscale * actions.values  # c Φ S = Φ (c S): n products, not n · i
     if name == "native":  # C row kernels; distances from differences, `exact` is moot
-        out = native.symmetric_block_sparse_product(hp.profile, z[0][actions.index],
-                                                    actions.values, actions.layout)
-        return hp.outputscale * out[actions.inverse_index()]
-    z, _, exact = fused.exact_last(z, z)
-    if name == "triton":  # one kernel entry per pair, the blocks reduced on chip
         zb = z[0][actions.index]
-        out = triton.block_sparse_product(hp.profile, zb, zb, actions.values, actions.layout,
-                                          exact)
-        return hp.outputscale * out[actions.inverse_index()]
-    out = symmetric_kernel_product(hp.profile, z[0][actions.index], actions.values,
-                                   actions.layout, compiled=name != "fused",
-                                   chunk_size=chunk_size or fused.span_rows(z),
-                                   exact=exact)  # block order
-    return hp.outputscale * out[actions.inverse_index()]
+        return actions.to_data_order(native.symmetric_block_sparse_product(
+            hp.profile, zb, values, actions.layout))
+    z, _, exact = fused.exact_last(z, z)
+    zb = z[0][actions.index]
+    if name == "triton":  # one kernel entry per pair, the blocks reduced on chip
+        out = triton.block_sparse_product(hp.profile, zb, zb, values, actions.layout, exact)
+    else:
+        out = symmetric_kernel_product(hp.profile, zb, values, actions.layout,
+                                       compiled=name != "fused",
+                                       chunk_size=chunk_size or fused.span_rows(z), exact=exact)
+    return actions.to_data_order(out)  # from block order
 
 
 def kernel_block_sparse_rect_matmul(kernel: Kernel, x: Float[Tensor, "n d"],

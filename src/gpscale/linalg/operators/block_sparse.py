@@ -41,6 +41,7 @@ from linear_operator.operators import LinearOperator
 from torch.autograd.function import once_differentiable
 
 from gpscale.linalg import fused
+from gpscale.linalg.ops import permute_rows
 from gpscale.typing import Float, Int, Tensor
 
 __all__ = [
@@ -191,7 +192,8 @@ class BlockSparseActions(LinearOperator):
         vector = rhs.dim() == 1
         rhs = rhs.unsqueeze(-1) if vector else rhs
         if self.transposed:  # Sᵀ M: (i, k') = segment sums of s_p M[index[p]]
-            out = self.layout.segment_sum((self.values[:, None] * rhs[self.index]).mT).mT
+            rows = self.values[:, None] * permute_rows(rhs, self.index)
+            out = self.layout.segment_sum(rows.mT).mT
         else:  # S V: row index[p] gets s_p V[block(p)]
             rows = self.values[:, None] * rhs[self.layout.block_ids(rhs.device)]  # (n, k')
             out = rows.new_zeros(rows.shape).index_copy(0, self.index, rows)
@@ -204,6 +206,11 @@ class BlockSparseActions(LinearOperator):
     def inverse_index(self) -> Int[Tensor, " n"]:
         """(n,) the block-order position of each data point (``index``'s inverse)."""
         return torch.argsort(self.index)
+
+    def to_data_order(self, t: Float[Tensor, "n k"]) -> Float[Tensor, "n k"]:
+        """Rows of ``t`` from block order to data order (:func:`~gpscale.linalg.ops.permute_rows`:
+        a gather in the backward pass too)."""
+        return permute_rows(t, self.inverse_index(), self.index)
 
 
 def symmetric_kernel_product(profile: str, z: Float[Tensor, "n d"], values: Float[Tensor, " n"],
