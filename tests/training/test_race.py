@@ -454,7 +454,10 @@ def test_a_winner_with_parameters_per_row_starts_from_them_grown_to_every_row(mo
             _, held = racing.held_out_split(n, 0)
             position = torch.argsort(index)
             assert bool((values[position[held]] == 0).all())
-            assert int((values != 0).sum()) == n - result.held
+            raced_held = int(winner.model.policy.held.sum())  # its own calibration rows
+            assert int((values != 0).sum()) == n - result.held - raced_held
+            calibrate_on = index[result.warm["policy.held"]]  # rows no run trained on
+            assert calibrate_on.numel() > 0 and set(calibrate_on.tolist()) <= set(held.tolist())
             assert any(name.endswith("raw_lengthscale") for name in result.warm)
     assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, {}) == {"num_actions": 8}
     assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, {"a": torch.zeros(1)}) == {

@@ -44,7 +44,8 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    per training row (CaGP-Opt's actions) has them grown to every row by
    :meth:`~gpscale.methods.base.Method.warm_for_rows` (CaGP-Opt's blocks keep their learned
    entries and take the held-out rows near them, at zero, so the final run starts at the
-   race's posterior): it trains full batch for hundreds of epochs, and from its own start it
+   race's posterior; it calibrates its intervals on some of those rows, which no run has
+   trained on): it trains full batch for hundreds of epochs, and from its own start it
    would lose its race time, while its race's hyperparameters without the actions they were
    trained with started it worse than its own pre-fit. Where they cannot be grown (a
    default number of actions that differs on every row) it starts from its own defaults

@@ -372,9 +372,15 @@ def test_invalid_options():
 
 
 def test_policy_state_dict_holds_actions_and_assignment():
-    """The learned policy saves its entries and its block assignment (a permutation)."""
+    """The learned policy saves its entries, its block assignment (a permutation) and its held
+    positions (none by default; a state saved before they existed loads with none)."""
     policy = LearnedBlockSparsePolicy(20, 6, seed=3)
-    assert set(policy.state_dict()) == {"values", "index"}
+    assert set(policy.state_dict()) == {"values", "index", "held"}
+    assert not policy.held.any()
+    policy.hold(torch.tensor([1, 5]))
+    older = {k: v for k, v in policy.state_dict().items() if k != "held"}
+    policy.load_state_dict(older)
+    assert not policy.held.any()
     assert sorted(policy.index.tolist()) == list(range(20))
 
 

@@ -24,6 +24,10 @@ assignment, the case i ∤ n and the initialisation open (notes/001 §4.3); here
   when the actions are made (pre-fitted, or given) and ``'random'`` where they are defaults:
   the eigenvector of a block is the block's best single action for the kernel it was computed
   with, and of an arbitrary kernel an arbitrary direction.
+- **Held positions** (:meth:`LearnedBlockSparsePolicy.hold`): entries fixed at zero, so the
+  rows there enter neither the actions nor (through CaGP's ELBO, which skips them) the
+  training. CaGP-Opt calibrates its intervals on those rows
+  (:mod:`gpscale.methods.cagp.calibration`): rows the trained actions never saw.
 """
 
 from __future__ import annotations
@@ -155,7 +159,25 @@ class LearnedBlockSparsePolicy(nn.Module):
         elif index.shape != (num_points,):
             raise ValueError(f"index must have shape ({num_points},); got {tuple(index.shape)}")
         self.register_buffer("index", index)
+        self.register_buffer("held", torch.zeros(num_points, dtype=torch.bool))
         self.values = nn.Parameter(torch.zeros(num_points) if values is None else values)
+        self.register_load_state_dict_pre_hook(_none_held_if_absent)
+
+    def hold(self, positions: Int[Tensor, " h"]) -> None:
+        """Fix the entries at ``positions`` (block order) at zero: their rows leave the actions
+        and, in CaGP's ELBO, the training (module docstring)."""
+        self.held.zero_()
+        self.held[positions.to(self.held.device)] = True
+
+    def held_rows(self) -> Int[Tensor, " h"]:
+        """The data rows at the held positions (block order)."""
+        return self.index[self.held]
+
+    def fitted_rows(self) -> Tensor | None:
+        """(n,) bool in data order, the rows not held; ``None`` where none is held."""
+        if not bool(self.held.any()):
+            return None
+        return torch.ones_like(self.held).index_fill(0, self.held_rows(), False)
 
     def forward(self, matmul: Callable[[Tensor], Tensor] | None = None,
                 rhs: Tensor | None = None) -> BlockSparseActions:
@@ -164,7 +186,15 @@ class LearnedBlockSparsePolicy(nn.Module):
             raise ValueError(f"the actions were learned for {self.layout.num_points} training "
                              f"points; got {rhs.shape[0]}. CaGP-Opt conditions on the data it "
                              "was trained on.")
-        return BlockSparseActions(self.values, self.index, num_blocks=self.layout.num_blocks)
+        values = self.values.masked_fill(self.held, 0.0)  # no gradient reaches held entries
+        return BlockSparseActions(values, self.index, num_blocks=self.layout.num_blocks)
+
+
+def _none_held_if_absent(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """A load-state-dict pre-hook: a state saved before positions could be held holds none."""
+    if prefix + "values" in state_dict:
+        state_dict.setdefault(prefix + "held", torch.zeros(
+            state_dict[prefix + "values"].shape, dtype=torch.bool))
 
 
 def grow_blocks(x: Float[Tensor, "n d"], index: Int[Tensor, " n"], values: Float[Tensor, " n"],

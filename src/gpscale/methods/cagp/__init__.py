@@ -18,7 +18,7 @@ CaGP-Opt, the block-sparse actions themselves (CaGP-CG takes CG's residuals).
 ``sharded``      CaGP-Opt's ELBO from per-rank pieces for data-parallel training
                  (:meth:`CaGP.shard_plan`)
 ``calibration``  CaGP-Opt's predictive variance, calibrated after training on training rows
-                 predicted from the others (:meth:`CaGP.finalize`)
+                 held out of training (:meth:`CaGP.finalize`)
 ===============  ===============================================================================
 
 Importing the package registers ``cagp-opt`` and ``cagp-cg``.

@@ -1,5 +1,6 @@
 """CaGP's operations on its actions S, dense or block-sparse (one function per layout):
-float64 copies, the action Gram SᵀS and the kernel product K S."""
+float64 copies, the action Gram SᵀS and the kernel product K S; and learned actions carried
+to more rows (:func:`grown_actions`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from torch import Tensor
 from gpscale.kernels import kernel_block_sparse_matmul, kernel_matmul
 from gpscale.linalg.operators.block_sparse import BlockSparseActions
 from gpscale.linalg.ops import safe_cholesky, upcast
+from gpscale.linalg.policies.block_sparse import grow_blocks
+from gpscale.methods.cagp.calibration import held_after_growing
 
-__all__ = ["upcast_actions", "action_gram", "kernel_times"]
+__all__ = ["upcast_actions", "action_gram", "kernel_times", "grown_actions"]
 
 
 @functools.singledispatch
@@ -53,3 +56,20 @@ def _(S: BlockSparseActions, kernel, x: Tensor, x_rows: Tensor | None, chunk_siz
       backend: str) -> Tensor:
     return kernel_block_sparse_matmul(kernel, x, S, x_rows=x_rows, chunk_size=chunk_size,
                                       backend=backend)
+
+
+def grown_actions(trained: dict[str, Tensor], policy, x: Tensor, kept: Tensor, added: Tensor, *,
+                  hold: bool, seed: int) -> dict[str, Tensor]:
+    """``trained``, the parameters of CaGP-Opt with ``policy`` on the rows ``kept`` of ``x``,
+    with its actions grown to the rows ``kept`` then ``added``
+    (:func:`~gpscale.linalg.policies.block_sparse.grow_blocks`). Entries it held start at
+    zero; with ``hold``, the grown actions hold added rows (never trained on:
+    :func:`~gpscale.methods.cagp.calibration.held_after_growing`)."""
+    values = trained["policy.values"].masked_fill(policy.held.to(trained["policy.values"].device),
+                                                  0.0)
+    order, values = grow_blocks(x[kept], policy.index, values, policy.layout.num_blocks, x[added])
+    rows = torch.cat([kept, added]).to(order.device)
+    held = held_after_growing(order, kept.numel(), seed) if hold else \
+        torch.zeros(order.shape[0], dtype=torch.bool)
+    return {**trained, "policy.values": values, "policy.index": rows[order],
+            "policy.held": held.to(policy.held.device)}

@@ -1,4 +1,4 @@
-r"""CaGP-Opt's intervals, calibrated on training rows predicted from the others.
+r"""CaGP-Opt's intervals, calibrated on training rows held out of its training.
 
 CaGP's latent variance K_i(x, x) is the exact posterior's variance plus the computational
 uncertainty of conditioning on i projections of the data, a bound on the error the few actions
@@ -7,24 +7,33 @@ is loose: the 95 % intervals of a converged CaGP-Opt cover nearly every test row
 predictive density is far lower than its errors warrant. Where the actions have not converged
 (a time budget on many rows) the intervals can also be too narrow.
 
-After training, :func:`calibrate_scale` predicts a tenth of the training rows
-(:func:`held_rows`, H) from the others, as they would be predicted were they new, and fits two
-factors on them (:func:`fit_factors`): c of the latent variance and b of the noise in the
-predictive c · K_i(x, x) + b · σ², those with the smallest negative log predictive density, then
-moved into the range where their 95 % intervals cover 95 % ± :func:`~gpscale.metrics.coverage_slack`
-of them. The model then predicts with them from the posterior on every row; the posterior
-itself (its mean, and the σ² it conditions with) stays the ELBO's.
+The rows it calibrates on are held out of training (:func:`hold_rows`, at build time: a tenth
+of the rows, at most :data:`HELD_MAX_ROWS`, never a block's first row): their action entries
+stay zero, so neither the actions nor the ELBO (which skips their likelihood terms) see them,
+and the posterior does not condition on them. After training, :func:`calibrate_scale` predicts
+them, as new rows, and fits two factors on them (:func:`fit_factors`): c of the latent variance
+and b of the noise in the predictive c · K_i(x, x) + b · σ², those with the smallest negative
+log predictive density, then moved into the range where their 95 % intervals cover 95 % ±
+:func:`~gpscale.metrics.coverage_slack` of them. The model then predicts with them; the
+posterior itself (its mean, and the σ² it conditions with) stays the ELBO's.
 
-The rows left out (:func:`left_out_predictive`). Removing a row's entry from its action would
-damage the action the ELBO learned with it, and rows predicted by damaged actions err more than
-new rows do (intervals fitted to them come out too wide; docs/notes). Instead the actions stay
-whole and the left-out rows' residuals are replaced by the values the posterior itself predicts
-for them: with A = K(X_H, X) S G⁻¹ Sᵀ restricted to the columns H, the predictions r̂_H = A_HT
-r_T + A_HH r̂_H, i.e. r̂_H = (I − A_HH)⁻¹ A_HT r_T, a linear predictor B r_T of the left-out
-rows from the others. For the exact GP (S = I) this fixed point is the leave-out posterior mean
+Why held out, not predicted from the others after training on them: CaGP-Opt's actions are n
+parameters, one per row, and the longer they train the more they fit the rows they were
+trained on. Rows in the training predicted from the others (the fixed point below) came out
+more accurate than new rows, by more the longer the actions trained, so intervals fitted to
+them were too narrow on new rows (docs/notes). The cost is the held rows' data in the
+posterior.
+
+The fixed point (:func:`left_out_predictive`, for rows whose entries are not zero: a model
+grown or loaded without held rows). Removing a row's entry from its action would damage the
+action the ELBO learned with it; instead the actions stay whole and the left-out rows'
+residuals are replaced by the values the posterior itself predicts for them: with
+A = K(X_H, X) S G⁻¹ Sᵀ restricted to the columns H, the predictions r̂_H = A_HT r_T +
+A_HH r̂_H, i.e. r̂_H = (I − A_HH)⁻¹ A_HT r_T, a linear predictor B r_T of the left-out rows from
+the others. For the exact GP (S = I) this fixed point is the leave-out posterior mean
 (conditioning on an observation equal to its predicted mean changes no mean). Its latent
-variance is the prior variance of f_H − B r_T, as CaGP's own
-K_i(x, x) is that of f(x) − μ_i(x):
+variance is the prior variance of f_H − B r_T, as CaGP's own K_i(x, x) is that of
+f(x) − μ_i(x):
 
 .. math::
     k(x_h, x_h) - 2 P_h Z'_h{}^\top + P_h G' P_h^\top, \qquad
@@ -32,13 +41,12 @@ K_i(x, x) is that of f(x) − μ_i(x):
 
 with Z' = K(X_H, X) S' and G' = S'ᵀ K̂ S' for S' the actions with the rows H at zero (one more
 conditioning). Every block keeps at least one row outside H, so G' stays positive definite.
+For held rows (zero entries) A_HH = 0, S' = S, and this is the plain predictive at X_H.
 
 The noise's factor matters where the data are nearly noiseless: the ELBO's σ² then sits at the
 likelihood's floor of 10⁻⁴, which alone gives intervals wider than the errors, and a predictive
-noise below it has no numerical role. The hyperparameters and actions were trained with the
-left-out rows in the data; with a handful of hyperparameters that optimism is small, as for an
-exact GP's leave-one-out residuals. ``-o calibrate=off`` keeps the ELBO's variance as the
-paper defines it.
+noise below it has no numerical role. ``-o calibrate=off`` keeps the ELBO's variance as the
+paper defines it, and holds no rows out.
 """
 
 from __future__ import annotations
@@ -64,15 +72,15 @@ from gpscale.metrics import (
 )
 
 __all__ = ["CALIBRATIONS", "HELD_FRACTION", "HELD_MIN_ROWS", "HELD_MAX_ROWS", "MIN_ROWS",
-           "FACTOR_BOUNDS", "held_rows", "fit_factors", "left_out_predictive", "calibrate_scale",
-           "unit_scale_if_absent"]
+           "FACTOR_BOUNDS", "held_rows", "hold_rows", "held_after_growing", "fit_factors",
+           "left_out_predictive", "calibrate_scale", "unit_scale_if_absent"]
 
 log = logging.getLogger("gpscale.methods")
 
 CALIBRATIONS = ("heldout", "off")
 """Values of CaGP-Opt's ``calibrate`` option."""
 HELD_FRACTION = 0.1
-"""Share of the training rows predicted from the others to calibrate the variance by."""
+"""Share of the training rows held out of training to calibrate the variance on."""
 HELD_MIN_ROWS = 100
 """Fewest rows predicted."""
 HELD_MAX_ROWS = 2_000
@@ -91,6 +99,30 @@ def held_rows(layout: BlockLayout, count: int, seed: int = 0) -> Tensor:
     spare = torch.nonzero(ids[1:] == ids[:-1]).flatten() + 1
     pick = torch.randperm(spare.numel(), generator=torch.Generator().manual_seed(seed))
     return spare[pick[:count]].sort().values
+
+
+def hold_rows(policy: Any, seed: int = 0) -> None:
+    """Hold out the rows CaGP-Opt calibrates on (``calibrate='heldout'``, at least
+    :data:`MIN_ROWS` rows): their entries stay zero, so neither the actions nor the ELBO see
+    them (:meth:`~gpscale.linalg.policies.block_sparse.LearnedBlockSparsePolicy.hold`)."""
+    positions = held_rows(policy.layout, _count(policy.layout.num_points), seed)
+    if positions.numel() >= HELD_MIN_ROWS:
+        policy.hold(positions)
+
+
+def held_after_growing(order: Tensor, num_kept: int, seed: int = 0) -> Tensor:
+    """(N,) bool in the grown block order: the positions of rows added by
+    :func:`~gpscale.linalg.policies.block_sparse.grow_blocks` (``order`` ≥ ``num_kept``: rows
+    the trained actions never saw, as ``auto``'s race held them out) to calibrate on, as many
+    as :func:`hold_rows` would hold of N rows (fewer where fewer were added; none below
+    :data:`HELD_MIN_ROWS`)."""
+    added = torch.nonzero(order >= num_kept).flatten()
+    pick = torch.randperm(added.numel(), generator=torch.Generator().manual_seed(seed))
+    held = torch.zeros(order.shape[0], dtype=torch.bool)
+    chosen = added[pick[:_count(order.shape[0])]]
+    if chosen.numel() >= HELD_MIN_ROWS:
+        held[chosen] = True
+    return held
 
 
 def _count(n: int) -> int:
@@ -144,7 +176,7 @@ def left_out_predictive(model: Any, x: Tensor, y: Tensor, positions: Tensor,
     caller has it (else conditioned here). Raises :class:`~gpscale.errors.NumericalError` where
     I − A_HH does not solve."""
     policy = model.policy
-    index, values = policy.index, policy.values.detach()
+    index, values = policy.index, policy.values.detach().masked_fill(policy.held, 0.0)
     positions = positions.to(index.device)
     rows, v_h = index[positions], upcast(values[positions])
     blocks = policy.layout.block_ids(index.device)[positions]
@@ -152,8 +184,8 @@ def left_out_predictive(model: Any, x: Tensor, y: Tensor, positions: Tensor,
         state = model.condition(x, y) if state is None else state
         kept = values.clone()
         kept[positions] = 0
-        other = model.condition(x, y, actions=BlockSparseActions(
-            kept, index, num_blocks=policy.layout.num_blocks))
+        other = state if not bool(v_h.any()) else model.condition(  # held rows: S' = S
+            x, y, actions=BlockSparseActions(kept, index, num_blocks=policy.layout.num_blocks))
         r = upcast(state.residual)
         M = torch.cholesky_solve(upcast(state.K_S[rows]).mT, state.cholesky).mT  # K_HX S G⁻¹
         A = M[:, blocks] * v_h[None, :]  # A_HH
@@ -176,7 +208,7 @@ def left_out_predictive(model: Any, x: Tensor, y: Tensor, positions: Tensor,
 def calibrate_scale(model: Any, x: Tensor, y: Tensor, seed: int = 0,
                     sharded: bool = False, state: Any = None) -> dict[str, float] | None:
     """Fit and set CaGP-Opt ``model``'s factors of the latent variance and the noise on rows of
-    ``x``, ``y`` (its training rows) predicted from the others (module docstring); returns
+    ``x``, ``y`` (its training rows): the held rows, predicted as new (module docstring); returns
     them and those rows' coverage before and after, for the history, or ``None`` below
     :data:`MIN_ROWS` rows, on a rank of a data-parallel run (``sharded``: its rows are a
     shard, and the prediction needs every row) or where the prediction fails (warned); the
@@ -184,7 +216,9 @@ def calibrate_scale(model: Any, x: Tensor, y: Tensor, seed: int = 0,
     if sharded:
         log.info("cagp-opt: several processes: the predictive variance is not calibrated")
         return None
-    positions = held_rows(model.policy.layout, _count(x.shape[0]), seed)
+    policy = model.policy
+    positions = (torch.nonzero(policy.held).flatten() if bool(policy.held.any())
+                 else held_rows(policy.layout, _count(x.shape[0]), seed))
     if positions.numel() < HELD_MIN_ROWS:
         return None
     model.variance_scale.fill_(1.0)
@@ -202,13 +236,13 @@ def calibrate_scale(model: Any, x: Tensor, y: Tensor, seed: int = 0,
     model.variance_scale.fill_(scale)
     model.noise_scale.fill_(factor)
     log.info("cagp-opt: latent variance x %.3g, noise x %.3g on %d training rows predicted "
-             "from the others (95%% intervals covered %.1f%% of them, now %.1f%%)", scale, factor,
+             "as new (95%% intervals covered %.1f%% of them, now %.1f%%)", scale, factor,
              count, 100 * before, 100 * after)
     if abs(after - LEVEL) > COVERAGE_BAR:
         warnings.warn(f"cagp-opt: with its latent variance x {scale:.3g} and noise x "
                       f"{factor:.3g} (the ends of the range searched) the 95% intervals cover "
                       f"{100 * after:.1f}% of the {count:,} training rows predicted "
-                      "from the others; treat the intervals with care", CalibrationWarning,
+                      "as new; treat the intervals with care", CalibrationWarning,
                       stacklevel=3)
     return {"variance_scale": scale, "noise_scale": factor, "left_out_coverage_trained": before,
             "left_out_coverage": after, "left_out_rows": float(count)}

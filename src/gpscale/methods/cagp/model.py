@@ -28,11 +28,9 @@ Numerics: the i × i matrices G_K, SᵀS, G, their Cholesky factor and solves ar
 formed in float64 too (O(n i²)): the difference cancels and is divided by σ², so a float32 ZᵀZ
 moves the float32 loss by ~1e-4 per datum on a 200-point problem, float64 by ~1e-6.
 When SᵀK̂S from float32 products is not positive definite (σ² near its floor of 1e-4 with a
-short lengthscale: float32 distances then err by ~1e-3 in D², and K's entrywise errors, summed
-over a block of actions, exceed σ² ‖s_j‖²; late in a long Adam run), ``condition`` warns
-and recomputes K S from float64 inputs and actions (the state's ``K_S`` is then float64); the
-parameters, the loss and the optimiser stay in the training dtype; each call tries the training
-dtype first (a wasted float32 product once the fallback is needed: ~1.5x the float64 epoch).
+short lengthscale: K's float32 errors, summed over a block of actions, exceed σ² ‖s_j‖²),
+``condition`` warns and recomputes K S from float64 inputs and actions (the state's ``K_S`` is
+then float64); the parameters, the loss and the optimiser stay in the training dtype.
 
 Cost per loss: CaGP-Opt about n²/2 kernel evaluations for K S (the symmetric block-sparse
 product, each off-diagonal pair once) and as many in its backward (on the CPU the native row
@@ -48,6 +46,8 @@ Deviations and choices (the paper is silent unless stated):
   an action. The authors' code takes log Σ_j ‖s'_j‖², which is not (notes/001 §8.3).
 - i ∤ n: blocks of ⌊n/i⌋ and ⌊n/i⌋ + 1 points cover all n (the code truncates the data).
 - Blocks are cells of the inputs by default (``blocks='local'``; the code: random subsets).
+- With ``calibrate='heldout'`` a tenth of the rows (at most 2,000) is held out of the actions
+  and the ELBO, to calibrate the intervals on (:mod:`gpscale.methods.cagp.calibration`).
 - Above 10,000 points the prior starts from an exact GP on 2,000 points (`training.prefit`), and
   the actions from its kernel's block eigenvectors, trained at a share of the capped rate.
 - CG actions carry no gradient and are re-orthonormalised (:mod:`gpscale.linalg.policies.residual`).
@@ -73,7 +73,6 @@ from gpscale.linalg.policies.block_sparse import (
     ACTION_INITS,
     BLOCK_ASSIGNMENTS,
     LearnedBlockSparsePolicy,
-    grow_blocks,
     initial_values,
     local_assignment,
     resolve_action_init,
@@ -90,8 +89,8 @@ from gpscale.methods._common import (
     prior_options,
 )
 from gpscale.methods.base import Method, ShardPlan, as_dtype, predict_in_chunks
-from gpscale.methods.cagp.actions import action_gram, kernel_times, upcast_actions
-from gpscale.methods.cagp.calibration import CALIBRATIONS, calibrate_scale, unit_scale_if_absent
+from gpscale.methods.cagp import calibration
+from gpscale.methods.cagp.actions import action_gram, grown_actions, kernel_times, upcast_actions
 from gpscale.methods.cagp.cg import KernelOperator, cg_action_cap, recycling_loss
 from gpscale.methods.cagp.pipeline import PIPELINE
 from gpscale.methods.cagp.sharded import sharded_plan
@@ -161,7 +160,7 @@ class CaGP(HeldOutNoise, Method):
         # CaGP-Opt's factors of the predictive's variance, fitted after training (.calibration)
         for name in ("variance_scale", "noise_scale"):
             self.register_buffer(name, torch.ones((), dtype=torch.float64))
-        self.register_load_state_dict_pre_hook(unit_scale_if_absent)
+        self.register_load_state_dict_pre_hook(calibration.unit_scale_if_absent)
 
     @property
     def heldout_noise(self) -> bool:
@@ -176,13 +175,12 @@ class CaGP(HeldOutNoise, Method):
 
     def finalize(self, x: Tensor, y: Tensor, reduce: Callable[[Tensor], Tensor] | None = None,
                  held: Any = None, state: CaGPState | None = None) -> dict[str, Any] | None:
-        """CaGP-Opt (``calibrate='heldout'``, one process): the factors of the predictive's
-        latent variance and noise fitted on training rows predicted from the others
-        (:mod:`gpscale.methods.cagp.calibration`), from ``state`` where it is handed over."""
+        """CaGP-Opt (``calibrate='heldout'``, one process): the predictive's factors fitted on
+        the held-out rows (:mod:`~gpscale.methods.cagp.calibration`; ``state``: if handed)."""
         if not self.finalize_reads_posterior:
             return None
-        return calibrate_scale(self, x, y, seed=int(self.options.get("seed", 0)),
-                               sharded=reduce is not None, state=state)
+        return calibration.calibrate_scale(self, x, y, int(self.options.get("seed", 0)),
+                                           sharded=reduce is not None, state=state)
 
     @property
     def rows_in_parameters(self) -> bool:
@@ -192,19 +190,17 @@ class CaGP(HeldOutNoise, Method):
     def warm_for_rows(self, trained: dict[str, Tensor], x: Tensor, kept: Tensor, added: Tensor,
                       options: dict[str, Any]) -> dict[str, Tensor] | None:
         """CaGP-Opt: the trained actions grown to every row of ``x``
-        (:func:`~gpscale.linalg.policies.block_sparse.grow_blocks`: each block keeps its
-        entries and takes the added rows near it at zero), with the hyperparameters as
-        trained; ``None`` where the model on every row would have another number of actions
+        (:func:`~gpscale.methods.cagp.actions.grown_actions`), the hyperparameters as trained;
+        ``None`` where the model on every row would have another number of actions
         (``num_actions`` follows n below 1,024 rows)."""
         if not self.rows_in_parameters:
             return super().warm_for_rows(trained, x, kept, added, options)
         layout = self.policy.layout
         if _num_actions(options.get("num_actions"), x.shape[0]) != layout.num_blocks:
             return None
-        order, values = grow_blocks(x[kept], self.policy.index, trained["policy.values"],
-                                    layout.num_blocks, x[added])
-        rows = torch.cat([kept, added]).to(order.device)
-        return {**trained, "policy.values": values, "policy.index": rows[order]}
+        return grown_actions(trained, self.policy, x, kept, added,
+                             hold=self.options.get("calibrate") == "heldout",
+                             seed=int(self.options.get("seed", 0)))
 
     def condition(self, x: Tensor, y: Tensor, *, actions: Any = None) -> CaGPState:
         """Actions, K S, the float64 Gram factor and ṽ (Alg. S2 lines 1–5); differentiable.
@@ -228,8 +224,10 @@ class CaGP(HeldOutNoise, Method):
             Z, G_K, D, logdet_D, L = self._gram(x, S, noise)
         y_proj = upcast(S.mT @ r.to(x.dtype))  # line 2, ỹ = Sᵀ r (float64 after a fallback)
         v_proj = torch.cholesky_solve(y_proj[:, None], L)[:, 0]  # line 5
+        fitted = self.policy.fitted_rows() if self.rows_in_parameters else None
+        diag = upcast(kernel_diag(self.kernel, x))
         return CaGPState(x, S, r, Z, G_K, D, logdet_D, L, y_proj, v_proj, noise,
-                         upcast(kernel_diag(self.kernel, x)).sum())
+                         (diag if fitted is None else diag[fitted]).sum(), fitted)
 
     def _policy_actions(self, x: Tensor, r: Tensor, noise: Tensor):
         return self.policy(KernelOperator(self.kernel, x, noise, chunk_size=self.chunk_size,
@@ -278,6 +276,7 @@ class CaGP(HeldOutNoise, Method):
         residuals of the whole system)."""
         if not isinstance(self.policy, LearnedBlockSparsePolicy):
             return None
+        self.policy.held.zero_()  # several processes do not calibrate: every row trains
         return sharded_plan(self, x, y, start)
 
     def loss(self, state: CaGPState) -> Tensor:
@@ -292,9 +291,10 @@ class CaGP(HeldOutNoise, Method):
 
     def expected_log_lik(self, state: CaGPState) -> Tensor:
         """E_q[log p(y | f)] / n = −[(‖y − μ_i(X)‖² + Σ_j K_i(x_j, x_j))/σ² + n log 2πσ²]/(2n)."""
-        n = state.residual.shape[0]
-        error = state.residual - state.K_S @ as_dtype(state.repr_weights_proj, state.K_S)
-        Z = upcast(state.K_S)  # float64: Σ_j K_jj − tr(G⁻¹ZᵀZ) cancels, and 1/σ² amplifies
+        n = state.num_fitted  # the rows held out to calibrate on are not fitted
+        error = state.fitted_only(state.residual - state.K_S @ as_dtype(state.repr_weights_proj,
+                                                                        state.K_S))
+        Z = upcast(state.fitted_only(state.K_S))  # float64: Σ K_jj − tr(G⁻¹ZᵀZ) cancels
         var_sum = state.prior_var_sum - trace_solve(state.cholesky, gram(Z))
         noise = upcast(state.noise)
         sq = upcast(error.square().sum())
@@ -302,7 +302,7 @@ class CaGP(HeldOutNoise, Method):
 
     def kl(self, state: CaGPState) -> Tensor:
         """KL(q_i ‖ p) / n = [ṽᵀG_Kṽ − tr(G⁻¹G_K) + log det G − i log σ² − log det SᵀS]/(2n)."""
-        n, i = state.residual.shape[0], state.num_actions
+        n, i = state.num_fitted, state.num_actions
         v = state.repr_weights_proj
         logdet_G = 2 * state.cholesky.diagonal().log().sum()
         value = (v @ state.gram_K @ v - trace_solve(state.cholesky, state.gram_K) + logdet_G
@@ -311,7 +311,7 @@ class CaGP(HeldOutNoise, Method):
 
     def projected_nll(self, state: CaGPState) -> Tensor:
         """Eq. (9) / n: [ỹᵀG⁻¹ỹ + log det G − log det SᵀS + i log 2π] / (2n)."""
-        n, i = state.residual.shape[0], state.num_actions
+        n, i = state.num_fitted, state.num_actions
         logdet_G = 2 * state.cholesky.diagonal().log().sum()
         value = (state.y_proj @ state.repr_weights_proj + logdet_G - state.logdet_actions
                  + i * math.log(2 * math.pi))
@@ -355,7 +355,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
         blocks: ``'local'`` (cells of the inputs, :func:`~gpscale.linalg.policies.block_sparse.
             local_assignment` of ``init``) or ``'random'`` (the authors' code: random subsets).
         calibrate: ``'heldout'`` (the predictive's latent variance and noise scaled by factors
-            fitted after training on training rows predicted from the others,
+            fitted after training on training rows held out of it,
             :mod:`gpscale.methods.cagp.calibration`) or ``'off'``.
         num_train: n; required when ``init`` is None, else taken from ``init``.
         seed: seeds the block assignment and the random action entries.
@@ -372,7 +372,7 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
     check_task_and_init("cagp-opt", task, ("regression",), num_dims, init)
     for name, value, valid in (("action_init", action_init, ACTION_INITS),
                                ("blocks", blocks, BLOCK_ASSIGNMENTS),
-                               ("calibrate", calibrate, CALIBRATIONS)):
+                               ("calibrate", calibrate, calibration.CALIBRATIONS)):
         if value not in valid:
             raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
     n = _num_train(init, num_train)
@@ -399,6 +399,8 @@ def build_cagp_opt(num_dims: int, *, task: str = "regression", num_classes: int 
                 how, policy.layout, policy.index, y=y,
                 block_kernel=lambda idx: kernel_matrix(model.kernel, x[idx], x[idx]),
                 generator=torch.Generator().manual_seed(seed)))
+    if calibrate == "heldout":
+        calibration.hold_rows(policy, seed)
     return model
 
 
@@ -472,8 +474,8 @@ register(MethodSpec(
         Option("blocks", "str", "local", "an action's block: local (a cell of the inputs) or "
                "random (the paper's code)", choices=BLOCK_ASSIGNMENTS),
         Option("calibrate", "str", "heldout", "intervals: the latent variance and noise scaled "
-               "by factors fitted on a tenth of the rows, predicted from the others (heldout), "
-               "or the ELBO's, as the paper (off)", choices=CALIBRATIONS),
+               "by factors fitted on a tenth of the rows (at most 2,000) held out of training "
+               "(heldout), or the ELBO's, as the paper (off)", choices=calibration.CALIBRATIONS),
         Option("seed", "int", 0, "seeds the block assignment and the random action entries"),
         _OBJECTIVE, *KERNEL_PRODUCT_OPTIONS, *PRIOR_OPTIONS, *PREFIT_OPTIONS,
         Option("num_train", "int", None, "number of training points n", minimum=1,

@@ -53,7 +53,9 @@ class CaGPState:
         y_proj: ỹ = Sᵀ r (i,), the projected data, float64.
         repr_weights_proj: ṽ = G⁻¹ Sᵀ r (i,), float64.
         noise: σ² (scalar).
-        prior_var_sum: Σ_j K(x_j, x_j), float64.
+        prior_var_sum: Σ_j K(x_j, x_j) over the fitted rows, float64.
+        fitted: (n,) bool, the rows the ELBO fits (CaGP-Opt holds some out to calibrate on:
+            their action entries are zero); ``None``: every row.
     """
 
     x: Tensor
@@ -68,10 +70,24 @@ class CaGPState:
     repr_weights_proj: Tensor
     noise: Tensor
     prior_var_sum: Tensor
+    fitted: Tensor | None = None
 
     @property
     def num_actions(self) -> int:
         return self.K_S.shape[-1]
+
+    @property
+    def num_fitted(self) -> int:
+        """How many rows the ELBO fits (n unless rows are held out)."""
+        return self.residual.shape[0] if self.fitted is None else int(self.fitted.sum())
+
+    def fitted_only(self, t: Tensor) -> Tensor:
+        """``t`` (n,) or (n, k) with the rows the ELBO does not fit at zero (a product, not an
+        index: its backward is a product too, where an index's scatters into n × k zeros)."""
+        if self.fitted is None:
+            return t
+        mask = self.fitted.to(t.dtype)
+        return t * (mask if t.dim() == 1 else mask[:, None])
 
 
 def trace_solve(L: Tensor, A: Tensor) -> Tensor:
