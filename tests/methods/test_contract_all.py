@@ -120,8 +120,9 @@ def test_save_load_round_trip_is_bit_identical(fitted, tmp_path):
 @pytest.mark.parametrize("key", sorted(METHODS))
 def test_every_key_declares_what_the_pipeline_needs(key):
     """Training defaults for every preset (valid FitConfig fields, and what default_fit_config
-    gives), GPU inducing sets of declared options, a positive dense-memory count or none, a
-    pre-fit of a known kind whose model is another registered key, and valid test options."""
+    gives), GPU inducing sets and row-sized defaults of declared options, a positive
+    dense-memory count or none, a pre-fit of a known kind whose model is another registered
+    key, and valid test options."""
     import inspect
 
     from gpscale.methods.registry import PRESETS, Prefit
@@ -138,6 +139,10 @@ def test_every_key_declares_what_the_pipeline_needs(key):
         cap, divisor = sizes
         assert name in names and "regression" in spec.tasks
         assert isinstance(cap, int) and isinstance(divisor, int) and cap >= 1 and divisor >= 1
+    for name, rule in spec.row_sized.items():  # a declared option, a value it takes at any n
+        assert name in names
+        for n in (2, 1_500, 40_000):
+            assert spec.resolve({name: rule(n)})[name] == rule(n)
     assert spec.dense_copies is None or (isinstance(spec.dense_copies, float)
                                          and spec.dense_copies > 0)
     resolved = spec.resolve(dict(spec.test_options))  # valid options
@@ -154,7 +159,7 @@ def test_every_key_declares_what_the_pipeline_needs(key):
             assert set(policy.arguments(resolved, x)) <= accepted - {"x", "y", "task",
                                                                     "num_classes", "method"}
             assert {"lengthscale", "outputscale"} <= set(spec.test_options)  # no pre-fit in tests
-    for name in ("training_defaults", "gpu_inducing", "test_options"):
+    for name in ("training_defaults", "gpu_inducing", "row_sized", "test_options"):
         assert isinstance(getattr(spec, name), dict), name
 
 

@@ -16,6 +16,8 @@ from gpscale import GPRegressor
 from gpscale.cli.__main__ import main
 from gpscale.methods import build
 from gpscale.methods.auto import race_candidates, split_mode
+from gpscale.methods.cagp import calibration as cagp_calibration
+from gpscale.methods.cagp.pipeline import default_num_actions
 from gpscale.methods.options import OptionError
 from gpscale.testing import SMALL_OPTIONS
 from gpscale.training import harness, prefit
@@ -424,10 +426,10 @@ def test_only_converged_full_batch_lbfgs_runs_with_time_left_restart():
 
 def test_a_winner_with_parameters_per_row_starts_from_them_grown_to_every_row(monkeypatch):
     """CaGP-Opt's actions belong to the race's rows: its final run starts from them grown to
-    every row (the held-out rows at zero) with its trained hyperparameters, where its number
-    of actions is the same on every row (512 from 1,024 rows on); where the default number
-    follows n (n/2 below 1,024 rows) it gets no warm start and keeps its pre-fit. A winner
-    whose parameters all carry over (SVGP) starts from them."""
+    every row (the held-out rows at zero) with its trained hyperparameters. The race builds it
+    with the number of actions of every row, also where the default follows n (n/2 below
+    1,024 rows), so the actions always carry over. A winner whose parameters all carry over
+    (SVGP) starts from them."""
     real = racing._run_slice
     favourite = {"key": "cagp-opt"}
 
@@ -446,9 +448,8 @@ def test_a_winner_with_parameters_per_row_starts_from_them_grown_to_every_row(mo
         assert winner.model.rows_in_parameters == (key == "cagp-opt")
         if key == "svgp":
             assert any(name.endswith("raw_lengthscale") for name in result.warm)
-        elif n < 1_024 + racing.HELD_MIN:
-            assert result.warm == {}
         else:
+            assert winner.model.policy.layout.num_blocks == default_num_actions(n) < n - result.held
             index, values = result.warm["policy.index"], result.warm["policy.values"]
             assert sorted(index.tolist()) == list(range(n))
             _, held = racing.held_out_split(n, 0)
@@ -457,7 +458,8 @@ def test_a_winner_with_parameters_per_row_starts_from_them_grown_to_every_row(mo
             raced_held = int(winner.model.policy.held.sum())  # its own calibration rows
             assert int((values != 0).sum()) == n - result.held - raced_held
             calibrate_on = index[result.warm["policy.held"]]  # rows no run trained on
-            assert calibrate_on.numel() > 0 and set(calibrate_on.tolist()) <= set(held.tolist())
+            assert (calibrate_on.numel() > 0) == (n >= cagp_calibration.MIN_ROWS)
+            assert set(calibrate_on.tolist()) <= set(held.tolist())
             assert any(name.endswith("raw_lengthscale") for name in result.warm)
     assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, {}) == {"num_actions": 8}
     assert racing.warm_options("cagp-opt", {"num_actions": 8}, {}, {"a": torch.zeros(1)}) == {

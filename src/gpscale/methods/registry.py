@@ -147,6 +147,11 @@ class MethodSpec:
         gpu_inducing: inducing-set options sized for a GPU where the method trains one latent
             function (regression) and the user gave no size: option → ``(cap, divisor)``, i.e.
             ``min(cap, n // divisor)`` (:func:`gpscale.devices.inducing_options`); ``{}``: none.
+        row_sized: options whose default follows the number of training rows: option →
+            ``n ↦ value``. ``auto``'s race builds each candidate with them fixed at the whole
+            data's n (where the user gave none), so that the model it trains on part of the
+            rows has the shape of the winner's final model, which starts from it
+            (:mod:`gpscale.training.race`); ``{}``: none.
         dense_copies: the n × n matrices of the training dtype the method holds at its peak,
             for the check before training that they fit the device
             (:func:`gpscale.devices.check_dense_fits`); ``None`` (the default): it forms none.
@@ -172,6 +177,7 @@ class MethodSpec:
     saved_defaults: dict[str, Any] = field(default_factory=dict)
     training_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gpu_inducing: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    row_sized: Mapping[str, Callable[[int], Any]] = field(default_factory=dict)
     dense_copies: float | None = None
     plan: Callable[[dict[str, Any], float | None, int | None, int], str] | None = None
     test_options: Mapping[str, Any] = field(default_factory=dict)
@@ -188,14 +194,24 @@ class MethodSpec:
         if unknown:
             raise ValueError(f"method {self.key!r} declares training defaults of unknown "
                              f"presets {sorted(unknown)}; presets: {', '.join(PRESETS)}")
-        undeclared = sorted(set(self.gpu_inducing) - set(names))
-        if undeclared:
-            raise ValueError(f"method {self.key!r} sizes undeclared options for a GPU: "
-                             f"{undeclared}")
+        for what, sized in (("for a GPU", self.gpu_inducing), ("by rows", self.row_sized)):
+            undeclared = sorted(set(sized) - set(names))
+            if undeclared:
+                raise ValueError(f"method {self.key!r} sizes undeclared options {what}: "
+                                 f"{undeclared}")
 
     def resolve(self, options: dict[str, Any], *, fill_defaults: bool = True) -> dict[str, Any]:
         """``options`` checked against the declaration and typed (``OptionError`` if not)."""
         return resolve_options(self.key, self.options, options, fill_defaults=fill_defaults)
+
+    def sized_for_rows(self, options: Mapping[str, Any], num_rows: int) -> dict[str, Any]:
+        """``options`` with each :attr:`row_sized` option not in them set to its default on
+        ``num_rows`` training rows."""
+        sized = dict(options)
+        for name, rule in self.row_sized.items():
+            if sized.get(name) is None:
+                sized[name] = rule(num_rows)
+        return sized
 
     def describe(self) -> str:
         """The options table that ``gpscale methods KEY`` prints."""

@@ -10,7 +10,9 @@ grid fits the function — so ``auto`` fits its candidates and looks:
    kernel, CaGP-Opt up to its size bound, SVGP, SOLVE-GP and SoftKI).
 2. A share :data:`HELD_SHARE` of the training rows (at least :data:`HELD_MIN`, at most
    :data:`HELD_MAX`, drawn under the seed) is held out; each candidate is built and trained on
-   the rest with its own defaults, but from one start: an exact GP fitted to
+   the rest with its own defaults, sized for every row (``MethodSpec.row_sized``: CaGP-Opt's
+   number of actions is that of its final run, which starts from the race), and from one
+   start: an exact GP fitted to
    :data:`START_POINTS` of those rows (float64 L-BFGS, seconds to a minute) supplies every
    candidate's lengthscales, outputscale and noise where the user gave none
    (:func:`~gpscale.training.prefit.fill_start_options`). From the default √d lengthscales a
@@ -248,8 +250,8 @@ def race(keys: list[str], x: Tensor, y: Tensor, *, options: Mapping[str, Any],
     tic = time.perf_counter()
     train_rows, held_rows = held_out_split(x.shape[0], seed)
     train, held = (x[train_rows], y[train_rows]), (x[held_rows], y[held_rows])
-    runners = [Runner(key, resolve_options(Choice(key, "a race candidate"), options))
-               for key in keys]
+    runners = [Runner(key, get_spec(key).sized_for_rows(
+        resolve_options(Choice(key, "a race candidate"), options), x.shape[0])) for key in keys]
     rounds, alive = _rounds(len(runners)), list(runners)
     allowed = RACE_SHARE * budget if limit is None else min(RACE_SHARE * budget, limit)
     log.info("method auto: racing %s on %d held-out rows of %d, %d round%s in %.0f s",

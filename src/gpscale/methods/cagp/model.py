@@ -92,7 +92,7 @@ from gpscale.methods.base import Method, ShardPlan, as_dtype, predict_in_chunks
 from gpscale.methods.cagp import calibration
 from gpscale.methods.cagp.actions import action_gram, grown_actions, kernel_times, upcast_actions
 from gpscale.methods.cagp.cg import KernelOperator, cg_action_cap, recycling_loss
-from gpscale.methods.cagp.pipeline import PIPELINE
+from gpscale.methods.cagp.pipeline import PIPELINE, default_num_actions
 from gpscale.methods.cagp.sharded import sharded_plan
 from gpscale.methods.cagp.state import CaGPState, gram_cholesky, trace_solve, warn_float64_fallback
 from gpscale.methods.options import KERNEL_PRODUCT_OPTIONS, PREFIT_OPTIONS, PRIOR_OPTIONS, Option
@@ -103,13 +103,11 @@ __all__ = ["OBJECTIVES", "CaGP", "build_cagp_cg", "build_cagp_opt", "action_gram
 
 OBJECTIVES = ("elbo", "projected_nll")
 
-NUM_ACTIONS_CAP = 512
-"""CaGP-Opt's default number of actions from 1,024 rows on (below, n/2)."""
-
 
 def _num_actions(given: int | None, num_train: int) -> int:
     """CaGP-Opt's number of actions on ``num_train`` rows: ``given``, else its default."""
-    return default_size(given, num_train, NUM_ACTIONS_CAP, 2, "num_actions")
+    return default_num_actions(num_train) if given is None else int(given)
+
 
 PREFIT_ACTION_LR_SCALE = 0.3
 """CaGP-Opt's actions train at this share of the rate from a pre-fitted start: made from the
@@ -456,7 +454,7 @@ def _num_train(init: tuple[Tensor, Tensor] | None, num_train: int | None) -> int
 
 
 _NUM_ACTIONS = Option("num_actions", "int", None, "number of actions i (the posterior's rank); "
-                      "none: min(512, n/2)", minimum=1)
+                      "none: n/2 up to 512, 1,024 from 14,000 rows", minimum=1)
 _CG_NUM_ACTIONS = Option("num_actions", "int", None, "most CG actions i (the posterior's "
                          "rank); none: min(512, n/2, 2³⁷/n²)", minimum=1)
 _OBJECTIVE = Option("objective", "str", "elbo", "training objective", choices=OBJECTIVES)

@@ -1,7 +1,8 @@
 """What the pipeline needs to know about ``cagp-opt`` and ``cagp-cg`` beside their options:
 training defaults per preset, the exact-GP pre-fit on a subset (with CaGP-CG's check that its CG
-actions can start from the pre-fitted values) and small test options
-(:class:`~gpscale.methods.registry.MethodSpec` fields, spread by each key's ``register`` call).
+actions can start from the pre-fitted values), CaGP-Opt's default number of actions and small
+test options (:class:`~gpscale.methods.registry.MethodSpec` fields, spread by each key's
+``register`` call).
 
 **Training.** The paper's Table S1: Adam in float32 with LinearLR(end_factor=0.1), full batch;
 lr 0.1 is the middle of the paper's sweep {1, 0.1, 0.01}. The paper runs 1000 (CaGP-Opt) and 250
@@ -27,7 +28,29 @@ from gpscale.methods._common import default_size
 from gpscale.methods.cagp.cg import cg_action_cap
 from gpscale.methods.registry import Prefit, training_presets
 
-__all__ = ["PIPELINE", "check_cg_reach"]
+__all__ = ["PIPELINE", "check_cg_reach", "default_num_actions", "NUM_ACTIONS_CAP",
+           "LARGE_NUM_ACTIONS", "LARGE_ROWS"]
+
+NUM_ACTIONS_CAP = 512
+"""CaGP-Opt's default number of actions from 1,024 rows on (below, n/2), below
+:data:`LARGE_ROWS`."""
+LARGE_NUM_ACTIONS = 1024
+"""CaGP-Opt's default number of actions from :data:`LARGE_ROWS` rows on."""
+LARGE_ROWS = 14_000
+"""From this many training rows CaGP-Opt defaults to :data:`LARGE_NUM_ACTIONS` actions. An
+epoch's kernel products cost n² whatever the number of actions i, its float64 ZᵀZ n i²: on
+many rows doubling i less than doubles the epoch, while each action's block halves, and the
+posterior comes closer to the exact one in the same time (or converges sooner where 512
+already reach the data's noise; BENCHMARKS, CaGP-Opt's number of actions). On fewer rows the
+blocks of 512 are small already, and the n i² term would take over the epoch."""
+
+
+def default_num_actions(num_train: int) -> int:
+    """CaGP-Opt's default number of actions on ``num_train`` rows: n/2 up to
+    :data:`NUM_ACTIONS_CAP` (at least 1), :data:`LARGE_NUM_ACTIONS` from :data:`LARGE_ROWS`."""
+    if num_train >= LARGE_ROWS:
+        return LARGE_NUM_ACTIONS
+    return default_size(None, num_train, NUM_ACTIONS_CAP, 2, "num_actions")
 
 
 def check_cg_reach(found: dict[str, Any], opts: dict[str, Any], num_train: int) -> None:
@@ -48,6 +71,7 @@ _LINEAR = dict(lr=0.1, scheduler="linear", lr_end_factor=0.1, dtype="float32")
 PIPELINE: dict[str, dict[str, Any]] = {
     "cagp-opt": dict(training_defaults=training_presets({**_LINEAR, "epochs": 200}, lr=1.0),
                      prefit=Prefit("subset", model="exact"),
+                     row_sized={"num_actions": default_num_actions},
                      test_options={"num_actions": 8}),
     "cagp-cg": dict(training_defaults=training_presets({**_LINEAR, "epochs": 50}, lr=1.0),
                     prefit=Prefit("subset", model="exact", check=check_cg_reach),
