@@ -189,8 +189,8 @@ class CaGP(HeldOutNoise, Method):
                       options: dict[str, Any]) -> dict[str, Tensor] | None:
         """CaGP-Opt: the trained actions grown to every row of ``x``
         (:func:`~gpscale.methods.cagp.actions.grown_actions`), the hyperparameters as trained;
-        ``None`` where the model on every row would have another number of actions
-        (``num_actions`` follows n below 1,024 rows)."""
+        ``None`` where the model on every row would have another number of actions (its
+        default follows n; ``auto``'s race sizes it for every row, ``MethodSpec.row_sized``)."""
         if not self.rows_in_parameters:
             return super().warm_for_rows(trained, x, kept, added, options)
         layout = self.policy.layout
@@ -454,7 +454,7 @@ def _num_train(init: tuple[Tensor, Tensor] | None, num_train: int | None) -> int
 
 
 _NUM_ACTIONS = Option("num_actions", "int", None, "number of actions i (the posterior's rank); "
-                      "none: n/2 up to 512, 1,024 from 14,000 rows", minimum=1)
+                      "none: n/2 up to 512, 1,024 from 32,000 rows", minimum=1)
 _CG_NUM_ACTIONS = Option("num_actions", "int", None, "most CG actions i (the posterior's "
                          "rank); none: min(512, n/2, 2³⁷/n²)", minimum=1)
 _OBJECTIVE = Option("objective", "str", "elbo", "training objective", choices=OBJECTIVES)
