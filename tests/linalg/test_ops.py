@@ -16,7 +16,7 @@ from gpscale.errors import NumericalError
 from gpscale.linalg.ops import (
     add_jitter,
     as_matmul,
-    gram,
+    gram64,
     permute_rows,
     psd_sqrt,
     rademacher,
@@ -151,11 +151,35 @@ def test_rademacher_entries_and_reproducibility():
     torch.testing.assert_close(Z, rademacher(1000, 8, generator=torch.Generator().manual_seed(1)))
 
 
-def test_gram_value_and_gradient(generator):
-    """gram(Z) = ZᵀZ; its one-product backward passes gradcheck (batched too)."""
-    Z = torch.randn(2, 7, 3, generator=generator, requires_grad=True)
-    torch.testing.assert_close(gram(Z), Z.mT @ Z, rtol=0, atol=0)
-    assert torch.autograd.gradcheck(gram, (Z,))
+@pytest.mark.parametrize("shape", [(7, 3), (5000, 300)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gram64_value_and_gradient(generator, shape, weighted):
+    """gram64(Z, w) = ZᵀWZ in float64 from a float32 Z, across several row chunks and the
+    upper-triangle column blocks; its backward equals autograd's of the float64 product,
+    returned in Z's dtype; gradcheck passes on a small float64 Z."""
+    Z = torch.randn(*shape, generator=generator, dtype=torch.float32)
+    w = (torch.rand(shape[0], generator=generator) > 0.2).float() if weighted else None
+    Z64 = Z.double().requires_grad_()
+    expected = (Z64 if w is None else Z64 * w.double()[:, None]).mT @ \
+        (Z64 if w is None else Z64 * w.double()[:, None])
+    got = gram64(Z.requires_grad_(), w)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-9)
+    upstream = torch.randn(shape[1], shape[1], generator=generator, dtype=torch.float64)
+    (grad,) = torch.autograd.grad((got * upstream).sum(), Z)
+    (expected_grad,) = torch.autograd.grad((expected * upstream).sum(), Z64)
+    assert grad.dtype == torch.float32
+    torch.testing.assert_close(grad, expected_grad.float(), rtol=1e-5, atol=1e-4)
+    small = torch.randn(9, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    weights = None if w is None else torch.tensor([1.0, 0, 1, 1, 0, 1, 1, 1, 0],
+                                                  dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda a: gram64(a, weights), (small,))
+
+
+def test_gram64_refuses_batches():
+    """gram64 names the shape it takes."""
+    with pytest.raises(ValueError, match=r"\(n, i\) matrix"):
+        gram64(torch.zeros(2, 3, 4))
 
 
 def test_permute_rows_value_and_gradient(generator):

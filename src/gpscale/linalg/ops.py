@@ -26,7 +26,9 @@ __all__ = [
     "Matmul",
     "add_jitter",
     "as_matmul",
-    "gram",
+    "gram64",
+    "GRAM_ROWS",
+    "GRAM_MIN_SPLIT",
     "permute_rows",
     "psd_sqrt",
     "rademacher",
@@ -88,22 +90,62 @@ def upcast(A: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
     return A if A.dtype == dtype else A.to(dtype)
 
 
-class _Gram(torch.autograd.Function):
+GRAM_ROWS = 2048
+"""Rows per chunk of :func:`gram64`'s forward (each chunk is upcast to float64 on its own)."""
+GRAM_MIN_SPLIT = 256
+"""From this many columns :func:`gram64` forms only the upper triangle, in four column blocks."""
+
+
+def _float64_rows(Z: Tensor, weights: Tensor | None):
+    """(start, rows) over ``Z`` in chunks of :data:`GRAM_ROWS`, each chunk upcast (and
+    weighted) into one reused float64 buffer: fresh buffers per chunk cost more in page faults
+    than the products."""
+    buffer = Z.new_empty((min(GRAM_ROWS, Z.shape[0]), Z.shape[1]), dtype=torch.float64)
+    for start in range(0, Z.shape[0], GRAM_ROWS):
+        rows = buffer[:min(GRAM_ROWS, Z.shape[0] - start)]
+        rows.copy_(Z[start:start + rows.shape[0]])
+        if weights is not None:
+            rows.mul_(weights[start:start + rows.shape[0], None])
+        yield start, rows
+
+
+class _Gram64(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, Z: Tensor) -> Tensor:
-        ctx.save_for_backward(Z)
-        return Z.mT @ Z
+    def forward(ctx, Z: Tensor, weights: Tensor | None) -> Tensor:
+        ctx.save_for_backward(Z, weights)
+        i = Z.shape[1]
+        width = -(-i // 4) if i >= GRAM_MIN_SPLIT else i
+        out = Z.new_zeros((i, i), dtype=torch.float64)
+        for _, rows in _float64_rows(Z, weights):
+            for a in range(0, i, width):
+                out[a:a + width, a:].addmm_(rows[:, a:a + width].mT, rows[:, a:])
+        return out.triu() + out.triu(1).mT
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        (Z,) = ctx.saved_tensors
-        return Z @ (grad + grad.mT)
+    def backward(ctx, grad: Tensor):
+        Z, weights = ctx.saved_tensors
+        both = grad + grad.mT
+        out = torch.empty_like(Z)
+        product = None
+        for start, rows in _float64_rows(Z, weights):  # W Z (Ḡ + Ḡᵀ), as W² = W for 0/1
+            product = torch.mm(rows, both, out=product if product is not None and
+                               product.shape[0] == rows.shape[0] else None)
+            out[start:start + rows.shape[0]] = product
+        return out, None
 
 
-def gram(Z: Float[Tensor, "*b n i"]) -> Float[Tensor, "*b i i"]:
-    """ZᵀZ with a backward of one product, Z̄ = Z (Ḡ + Ḡᵀ) (autograd's ``Z.mT @ Z`` takes two
-    n × i × i products, one per factor)."""
-    return _Gram.apply(Z)
+def gram64(Z: Float[Tensor, "n i"], weights: Float[Tensor, " n"] | None = None
+           ) -> Float[Tensor, "i i"]:
+    """ZᵀWZ in float64 (W = diag(``weights``), 0/1 to leave rows out; None: the identity) from
+    ``Z`` in any dtype, without a float64 copy of ``Z``: row chunks of :data:`GRAM_ROWS` are
+    upcast one at a time and, from :data:`GRAM_MIN_SPLIT` columns, only the upper triangle is
+    formed (in four column blocks, 5/8 of the products). The backward, Z̄ = W Z (Ḡ + Ḡᵀ), is
+    float64 by row chunks too and returned in ``Z``'s dtype: Ḡ is typically G⁻¹-like (in
+    tr(G⁻¹ZᵀZ)), with large entries of both signs whose product with Z cancels, so the
+    product in float32 loses most digits of an ill-conditioned gradient."""
+    if Z.dim() != 2:
+        raise ValueError(f"gram64 takes an (n, i) matrix; got shape {tuple(Z.shape)}")
+    return _Gram64.apply(Z, weights)
 
 
 class _PermuteRows(torch.autograd.Function):

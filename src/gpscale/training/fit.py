@@ -22,6 +22,7 @@ resumed and writes the checkpoint (every rank reads it and checks it against its
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -37,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from gpscale.allocator import training_allocator
 from gpscale.devices import OOM_ERRORS, out_of_memory
 from gpscale.errors import NonFiniteLossError, NumericalError
 from gpscale.methods.base import Method
@@ -142,6 +144,8 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
                disable=not (_show(config) and main),
                desc="fit", unit="epoch", file=sys.stderr, dynamic_ncols=True)
     history.stopped = "running"
+    allocator = contextlib.ExitStack()  # freed large blocks kept for the next epoch
+    allocator.enter_context(training_allocator(x.device.type == "cpu"))
     try:
         restore_point = None  # (model, optimiser) state at the start of the previous epoch
         best = BestEpoch(config, x.shape[0])
@@ -224,6 +228,7 @@ def fit(model: nn.Module, loss_fn: LossFn | None, data: tuple[Tensor, Tensor],
             history.stopped = "epochs"
     finally:
         bar.close()
+        allocator.close()
     return history
 
 

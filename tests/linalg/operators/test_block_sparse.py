@@ -85,6 +85,27 @@ def test_operator_gradients_match_dense(generator):
     torch.testing.assert_close(fast, values.grad, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize(("n", "i"), [(23, 5), (20, 5), (7, 7), (9, 1)])
+def test_transposed_product_gradients_in_values_and_rows(n, i, generator):
+    """Sᵀ M's own backward: values and M gradients equal the dense product's, with blocks of
+    k + 1 only, k only and both; gradcheck in float64; a float32 M with float64 values."""
+    S = _actions(generator, n, i)
+    values = S.values.clone().requires_grad_()
+    M = torch.randn(n, 3, generator=generator, requires_grad=True)
+    W = torch.randn(i, 3, generator=generator)
+    (BlockSparseActions(values, S.index, num_blocks=i).mT @ M * W).sum().backward()
+    fast = values.grad.clone(), M.grad.clone()
+    values.grad, M.grad = None, None
+    (_dense(BlockSparseActions(values, S.index, num_blocks=i)).T @ M * W).sum().backward()
+    torch.testing.assert_close(fast[0], values.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fast[1], M.grad, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda v, m: BlockSparseActions(v, S.index, num_blocks=i).mT @ m, (values, M))
+    mixed = BlockSparseActions(values, S.index, num_blocks=i).mT @ M.detach().float()
+    assert mixed.dtype == torch.float64
+    torch.testing.assert_close(mixed, _dense(S).T @ M.detach(), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("profile", list(PROFILES))
 @pytest.mark.parametrize("chunk_size", [1, 4, 9, 100])
 def test_symmetric_product_matches_dense(profile, chunk_size, generator):

@@ -111,6 +111,24 @@ class BlockLayout:
         sizes = torch.tensor(self.sizes(), device=device)
         return torch.repeat_interleave(torch.arange(self.num_blocks, device=device), sizes)
 
+    def segment_sum_rows(self, t: Float[Tensor, "n k"]) -> Float[Tensor, "i k"]:
+        """Sums of the rows of ``t`` over each block (block order): contiguous reductions."""
+        return torch.cat([view.sum(1) for view in self.blocks_of_rows(t)])
+
+    def blocks_of_rows(self, t: Float[Tensor, "n k"]) -> list[Tensor]:
+        """``t``'s rows (block order) as (blocks, block size, k) views, one per block size."""
+        return [t[: self.split].unflatten(0, (self.num_large, self.size + 1)),
+                t[self.split:].unflatten(0, (self.num_blocks - self.num_large, self.size))]
+
+    def spread_rows(self, t: Float[Tensor, "i k"]) -> Float[Tensor, "n k"]:
+        """Row j of ``t`` repeated over block j's positions (block order): the adjoint of
+        :meth:`segment_sum_rows`, by broadcast copies rather than a gather."""
+        L, k = self.num_large, t.shape[1]
+        out = t.new_empty(self.num_points, k)
+        for view, part in zip(self.blocks_of_rows(out), (t[:L], t[L:]), strict=True):
+            view.copy_(part[:, None, :].expand_as(view))
+        return out
+
     def segment_sum(self, t: Float[Tensor, "*b n"]) -> Float[Tensor, "*b i"]:
         """Sums of ``t`` over each block along the last axis (block order)."""
         big, small = t[..., : self.split], t[..., self.split:]
@@ -192,8 +210,7 @@ class BlockSparseActions(LinearOperator):
         vector = rhs.dim() == 1
         rhs = rhs.unsqueeze(-1) if vector else rhs
         if self.transposed:  # Sᵀ M: (i, k') = segment sums of s_p M[index[p]]
-            rows = self.values[:, None] * permute_rows(rhs, self.index)
-            out = self.layout.segment_sum(rows.mT).mT
+            out = _TransposedProduct.apply(self.values, rhs, self.index, self.layout)
         else:  # S V: row index[p] gets s_p V[block(p)]
             rows = self.values[:, None] * rhs[self.layout.block_ids(rhs.device)]  # (n, k')
             out = rows.new_zeros(rows.shape).index_copy(0, self.index, rows)
@@ -211,6 +228,37 @@ class BlockSparseActions(LinearOperator):
         """Rows of ``t`` from block order to data order (:func:`~gpscale.linalg.ops.permute_rows`:
         a gather in the backward pass too)."""
         return permute_rows(t, self.inverse_index(), self.index)
+
+
+class _TransposedProduct(torch.autograd.Function):
+    """Sᵀ M for block-sparse S and M (n, k'): one gather of M's rows into block order and
+    contiguous segment sums forward; backward, the adjoint gather of M̄ = S Ḡ and the values'
+    s̄_p = ⟨Ḡ[block(p)], M[index[p]]⟩, without the n × k' zero fills and strided copies that
+    autograd's slices and transposes of the same product take (a CaGP-Opt epoch's Sᵀ K S)."""
+
+    @staticmethod
+    def forward(ctx, values: Tensor, M: Tensor, index: Tensor, layout: BlockLayout) -> Tensor:
+        rows = M.index_select(0, index)
+        ctx.save_for_backward(values, rows, index)  # M's rows in block order
+        ctx.layout, ctx.dtype = layout, M.dtype
+        return layout.segment_sum_rows(rows * values[:, None])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        values, rows, index = ctx.saved_tensors
+        layout, L = ctx.layout, ctx.layout.num_large
+        grad_values = grad_M = None
+        if ctx.needs_input_grad[0]:  # per block, the rows times Ḡ[j]: a batched product
+            views, parts = layout.blocks_of_rows(rows), (grad[:L], grad[L:])
+            grad_values = torch.cat([(view @ part[:, :, None].to(view.dtype)).reshape(-1)
+                                     for view, part in zip(views, parts, strict=True)])
+            grad_values = grad_values.to(values.dtype)
+        if ctx.needs_input_grad[1]:
+            spread = layout.spread_rows(grad)  # (n, k') block order
+            spread.mul_(values[:, None])
+            grad_M = spread.index_select(0, torch.argsort(index)).to(ctx.dtype)
+        return grad_values, grad_M, None, None
 
 
 def symmetric_kernel_product(profile: str, z: Float[Tensor, "n d"], values: Float[Tensor, " n"],

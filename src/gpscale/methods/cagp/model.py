@@ -25,8 +25,9 @@ Implemented: the posterior Eq. (5) / Alg. S2 (``condition``, ``predict``) and Al
 Numerics: the i × i matrices G_K, SᵀS, G, their Cholesky factor and solves are float64
 (:func:`~gpscale.linalg.ops.upcast`) whatever the training dtype; Z and the n-vectors stay in it.
 Σ_j K_i(x_j, x_j) = Σ_j K_jj − tr(G⁻¹ ZᵀZ) needs only i × i work after one ZᵀZ, which is
-formed in float64 too (O(n i²)): the difference cancels and is divided by σ², so a float32 ZᵀZ
-moves the float32 loss by ~1e-4 per datum on a 200-point problem, float64 by ~1e-6.
+formed in float64 too (O(n i²), :func:`~gpscale.linalg.ops.gram64`, its backward as well): the
+difference cancels and is divided by σ², so a float32 ZᵀZ moves the float32 loss by ~1e-4 per
+datum on a 200-point problem, float64 by ~1e-6.
 When SᵀK̂S from float32 products is not positive definite (σ² near its floor of 1e-4 with a
 short lengthscale: K's float32 errors, summed over a block of actions, exceed σ² ‖s_j‖²),
 ``condition`` warns and recomputes K S from float64 inputs and actions (the state's ``K_S`` is
@@ -68,7 +69,7 @@ from gpscale.distributions import Predictive
 from gpscale.errors import NumericalError
 from gpscale.kernels import kernel_diag, kernel_matrix
 from gpscale.linalg.operators.block_sparse import BlockLayout
-from gpscale.linalg.ops import Matmul, gram, upcast
+from gpscale.linalg.ops import Matmul, gram64, upcast
 from gpscale.linalg.policies.block_sparse import (
     ACTION_INITS,
     BLOCK_ASSIGNMENTS,
@@ -292,8 +293,9 @@ class CaGP(HeldOutNoise, Method):
         n = state.num_fitted  # the rows held out to calibrate on are not fitted
         error = state.fitted_only(state.residual - state.K_S @ as_dtype(state.repr_weights_proj,
                                                                         state.K_S))
-        Z = upcast(state.fitted_only(state.K_S))  # float64: Σ K_jj − tr(G⁻¹ZᵀZ) cancels
-        var_sum = state.prior_var_sum - trace_solve(state.cholesky, gram(Z))
+        # float64 ZᵀZ: Σ K_jj − tr(G⁻¹ZᵀZ) cancels
+        var_sum = state.prior_var_sum - trace_solve(state.cholesky,
+                                                    gram64(state.K_S, state.fitted_weights))
         noise = upcast(state.noise)
         sq = upcast(error.square().sum())
         return -0.5 * ((sq + var_sum) / noise + n * torch.log(2 * math.pi * noise)) / n

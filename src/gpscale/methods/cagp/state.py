@@ -81,6 +81,11 @@ class CaGPState:
         """How many rows the ELBO fits (n unless rows are held out)."""
         return self.residual.shape[0] if self.fitted is None else int(self.fitted.sum())
 
+    @property
+    def fitted_weights(self) -> Tensor | None:
+        """1 on the fitted rows, 0 on the held ones, in K S's dtype; ``None``: every row."""
+        return None if self.fitted is None else self.fitted.to(self.K_S.dtype)
+
     def fitted_only(self, t: Tensor) -> Tensor:
         """``t`` (n,) or (n, k) with the rows the ELBO does not fit at zero (a product, not an
         index: its backward is a product too, where an index's scatters into n × k zeros)."""
