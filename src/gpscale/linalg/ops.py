@@ -126,11 +126,11 @@ class _Gram64(torch.autograd.Function):
         Z, weights = ctx.saved_tensors
         both = grad + grad.mT
         out = torch.empty_like(Z)
-        product = None
+        product = both.new_empty((min(GRAM_ROWS, Z.shape[0]), Z.shape[1]))
         for start, rows in _float64_rows(Z, weights):  # W Z (Ḡ + Ḡᵀ), as W² = W for 0/1
-            product = torch.mm(rows, both, out=product if product is not None and
-                               product.shape[0] == rows.shape[0] else None)
-            out[start:start + rows.shape[0]] = product
+            chunk = product[:rows.shape[0]]
+            torch.mm(rows, both, out=chunk)
+            out[start:start + rows.shape[0]] = chunk
         return out, None
 
 

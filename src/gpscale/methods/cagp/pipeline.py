@@ -41,8 +41,8 @@ LARGE_ROWS = 32_000
 epoch's kernel products cost n² whatever the number of actions i, its float64 ZᵀZ n i²: on
 many rows doubling i less than doubles the epoch, while each action's block halves, and the
 posterior comes much closer to the exact one in the same time (BENCHMARKS, CaGP-Opt's number
-of actions). On fewer rows the blocks of 512 are small already, the n i² term takes over more
-of the epoch, and the measured sets between 14,000 and 20,000 rows went either way."""
+of actions). On fewer rows the blocks of 512 are small already and the n i² term takes over
+more of the epoch, so more actions no longer pay on every set."""
 
 
 def default_num_actions(num_train: int) -> int:

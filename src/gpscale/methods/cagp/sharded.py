@@ -52,7 +52,7 @@ from gpscale.kernels import (
     kernel_diag,
 )
 from gpscale.linalg.operators.block_sparse import BlockSparseActions
-from gpscale.linalg.ops import upcast
+from gpscale.linalg.ops import gram64, upcast
 from gpscale.linalg.policies.block_sparse import LearnedBlockSparsePolicy
 from gpscale.methods.base import Method, ShardPlan, as_dtype
 from gpscale.methods.cagp.actions import action_gram, upcast_actions
@@ -185,10 +185,9 @@ def _condition(model: Method, x_all: Tensor, x: Tensor, y: Tensor, start: int,
     noise, i, stop = model.noise, S.layout.num_blocks, start + x.shape[0]
     Z = _kernel_rows_times_actions(model, x_all, S, start, stop)  # K(X_r, X) S (n_r, i)
     blocks, values = _local_rows(S, start, stop)
-    Z64 = upcast(Z)
     G_K, y_proj, gram_Z, prior_var = all_reduce_sums(
         _project(blocks, values, Z, i), _project(blocks, values, r[:, None], i)[:, 0],
-        Z64.mT @ Z64, upcast(kernel_diag(model.kernel, x)).sum())
+        gram64(Z), upcast(kernel_diag(model.kernel, x)).sum())
     G_K = 0.5 * (G_K + G_K.mT)
     D, logdet_D = action_gram(S)
     L = gram_cholesky(G_K, noise, D, x.dtype)  # float32: jitter capped, else NumericalError
